@@ -1,0 +1,1 @@
+"""The contract: plan, config, session, environment, registry, lifecycle."""

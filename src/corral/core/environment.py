@@ -1,0 +1,196 @@
+"""`BaseEnvironment`: the lifecycle every provider shares, with `open`/`close` final.
+
+A provider implements `_open(plan, owned)` and pushes an undo callback onto `owned`
+right after it creates each resource. The base owns the startup deadline, the per-provider
+open limiter, the shielded unwinding of `owned` on failure or cancellation, and hands
+`owned` to the session so that `close()` unwinds exactly the same list.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any, ClassVar
+
+import anyio
+from anyio.lowlevel import RunVar
+
+from corral.core.config import RuntimeEnvironmentConfig
+from corral.core.plan import RECIPES, ExecutionPlan, RecipeRegistry
+from corral.core.registry import EnvironmentRegistry
+from corral.core.session import EnvironmentSession
+from corral.errors import ConfigError, StartupTimeout
+from corral.network.capabilities import NetworkCapabilities
+from corral.network.policy import NetworkMode
+from corral.network.targets import EntryType
+
+log = logging.getLogger("corral.environment")
+
+CLEANUP_TIMEOUT_S = 120.0
+
+_limiters: RunVar[dict[str, anyio.CapacityLimiter]] = RunVar("corral_open_limiters")
+
+
+def open_limiter(provider: str, tokens: int) -> anyio.CapacityLimiter:
+    """The process-wide limiter of concurrent opens for one provider (per event loop)."""
+    try:
+        limiters = _limiters.get()
+    except LookupError:
+        limiters = {}
+        _limiters.set(limiters)
+    if provider not in limiters:
+        limiters[provider] = anyio.CapacityLimiter(tokens)
+    return limiters[provider]
+
+
+class BaseEnvironment(abc.ABC):
+    id: ClassVar[str]
+    config_model: ClassVar[type[RuntimeEnvironmentConfig]] = RuntimeEnvironmentConfig
+    supported_network_modes: ClassVar[frozenset[NetworkMode]] = frozenset({NetworkMode.PUBLIC})
+    supported_allowlist_entry_types: ClassVar[frozenset[EntryType]] = frozenset()
+    supports_network_target_ports: ClassVar[bool] = False
+    supports_dynamic_network_policy: ClassVar[bool] = False
+    max_concurrent_opens: ClassVar[int] = 16
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in ("open", "close"):
+            if name in cls.__dict__:
+                raise TypeError(
+                    f"{cls.__name__} overrides {name}(), which is final on BaseEnvironment; "
+                    "implement _open(plan, owned) and push undo callbacks onto owned instead"
+                )
+
+    def __init__(
+        self,
+        config: RuntimeEnvironmentConfig | None = None,
+        *,
+        recipes: RecipeRegistry | None = None,
+        **params: Any,
+    ) -> None:
+        if config is not None and params:
+            raise ConfigError("pass either a config object or keyword parameters, not both")
+        if config is None:
+            config = self.config_model.model_validate(params)
+        elif not isinstance(config, self.config_model):
+            raise ConfigError(
+                f"provider {self.id!r} needs a {self.config_model.__name__}, "
+                f"got {type(config).__name__}"
+            )
+        self.config = config
+        self.recipes = RECIPES if recipes is None else recipes
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} id={self.id!r}>"
+
+    @classmethod
+    def network_capabilities(cls) -> NetworkCapabilities:
+        return NetworkCapabilities(
+            provider=cls.id,
+            modes=cls.supported_network_modes,
+            entry_types=cls.supported_allowlist_entry_types,
+            target_ports=cls.supports_network_target_ports,
+            dynamic=cls.supports_dynamic_network_policy,
+        )
+
+    def prepare(self, plan: ExecutionPlan) -> ExecutionPlan:
+        """Apply the matching recipe, resolve image and resources, check the schedule."""
+        plan = self.recipes.apply(plan, self.id).resolved()
+        self.network_capabilities().check_schedule(plan.network)
+        return plan
+
+    async def open(self, plan: ExecutionPlan) -> EnvironmentSession:
+        plan = self.prepare(plan)
+        started = anyio.current_time()
+        owned = AsyncExitStack()
+        try:
+            async with open_limiter(self.id, self.max_concurrent_opens):
+                try:
+                    with anyio.fail_after(plan.timeouts.startup_s):
+                        session = await self._open(plan, owned)
+                except TimeoutError as exc:
+                    raise StartupTimeout(
+                        f"provider {self.id!r} did not open a sandbox within "
+                        f"timeouts.startup_s={plan.timeouts.startup_s}"
+                    ) from exc
+        except BaseException as exc:
+            await _unwind(owned, exc)
+            log.warning(
+                "open failed",
+                extra={
+                    "provider": self.id,
+                    "error": type(exc).__name__,
+                    "duration_s": round(anyio.current_time() - started, 3),
+                },
+            )
+            raise
+        session.environment = self
+        session.owned = owned
+        log.info(
+            "sandbox opened",
+            extra={
+                "provider": self.id,
+                "sandbox": session.id,
+                "image": session.image,
+                "phase": "baseline",
+                "mode": session.policy.network_mode.value,
+                "duration_s": round(anyio.current_time() - started, 3),
+            },
+        )
+        return session
+
+    async def close(self, session: EnvironmentSession) -> None:
+        """Remove exactly what `session` owns; idempotent and safe under cancellation."""
+        if session.closed:
+            return
+        if session.environment is not self:
+            raise ConfigError(f"session {session.id!r} was not opened by {self!r}")
+        session.closed = True
+        owned, session.owned = session.owned, None
+        if owned is None:
+            return
+        started = anyio.current_time()
+        await _unwind(owned, None)
+        log.info(
+            "sandbox closed",
+            extra={
+                "provider": self.id,
+                "sandbox": session.id,
+                "duration_s": round(anyio.current_time() - started, 3),
+            },
+        )
+
+    @asynccontextmanager
+    async def session(self, plan: ExecutionPlan) -> AsyncIterator[EnvironmentSession]:
+        sandbox = await self.open(plan)
+        try:
+            yield sandbox
+        finally:
+            await self.close(sandbox)
+
+    @abc.abstractmethod
+    async def _open(self, plan: ExecutionPlan, owned: AsyncExitStack) -> EnvironmentSession:
+        """Create the sandbox; push an undo onto `owned` right after each resource."""
+
+    async def gc(self) -> list[str]:
+        """Remove expired resources carrying this owner's labels; returns what went."""
+        return []
+
+
+async def _unwind(owned: AsyncExitStack, primary: BaseException | None) -> None:
+    with anyio.CancelScope(shield=True) as scope:
+        scope.deadline = anyio.current_time() + CLEANUP_TIMEOUT_S
+        try:
+            await owned.aclose()
+        except Exception as exc:
+            if primary is None:
+                raise
+            primary.add_note(f"corral: cleanup after the failure also failed: {exc!r}")
+            log.error("cleanup failed", extra={"error": repr(exc)})
+    if scope.cancelled_caught:
+        log.error("cleanup exceeded %.0f s; resources may remain", CLEANUP_TIMEOUT_S)
+
+
+ENVIRONMENTS = EnvironmentRegistry(BaseEnvironment)

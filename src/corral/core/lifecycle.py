@@ -1,0 +1,160 @@
+"""`TaskRun`: a task's sandbox through its phases, baseline → run → evaluation → baseline."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import TypeVar
+
+import anyio
+
+from corral.core.environment import BaseEnvironment
+from corral.core.plan import ExecutionPlan
+from corral.core.session import EnvironmentSession
+from corral.network.policy import NetworkMode, NetworkPolicy, NetworkSchedule, Phase
+from corral.network.targets import NetworkTarget
+
+log = logging.getLogger("corral.lifecycle")
+
+T = TypeVar("T")
+PolicyLogEntry = tuple[str, Phase, str]
+
+
+def with_always_allowed(
+    policy: NetworkPolicy, targets: tuple[NetworkTarget, ...], phase: Phase
+) -> NetworkPolicy:
+    """Merge targets the agent needs in every phase into `policy` (never silently)."""
+    if not targets:
+        return policy
+    mode = policy.network_mode
+    if mode is NetworkMode.ALLOWLIST:
+        return NetworkPolicy.allowlist(*policy.allowed_hosts, *targets)
+    if mode is NetworkMode.NO_NETWORK:
+        log.warning(
+            "always_allow turns no-network into an allowlist",
+            extra={"phase": phase, "targets": [str(t) for t in targets]},
+        )
+        return NetworkPolicy.allowlist(*targets)
+    return policy
+
+
+class TaskRun:
+    """Owns one task's main sandbox and the policy switches between its phases."""
+
+    def __init__(
+        self,
+        env: BaseEnvironment,
+        plan: ExecutionPlan,
+        *,
+        fresh_evaluation: bool = False,
+        always_allow: Iterable[str | NetworkTarget] = (),
+    ) -> None:
+        allowed = tuple(NetworkTarget.model_validate(t) for t in always_allow)
+        schedule = plan.network
+        merged = {
+            phase: with_always_allowed(policy, allowed, phase) for phase, policy in schedule.items()
+        }
+        self.env = env
+        self.plan = plan.model_copy(update={"network": NetworkSchedule.model_validate(merged)})
+        self.fresh_evaluation = fresh_evaluation
+        self.policy_log: list[PolicyLogEntry] = []
+        self._session: EnvironmentSession | None = None
+
+    @property
+    def schedule(self) -> NetworkSchedule:
+        return self.plan.network
+
+    @property
+    def session(self) -> EnvironmentSession:
+        if self._session is None:
+            raise RuntimeError("TaskRun is not entered; use `async with TaskRun(...) as run`")
+        return self._session
+
+    async def __aenter__(self) -> TaskRun:
+        self._session = await self.env.open(self.plan)
+        self._record(self._session, "baseline")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._session is not None:
+            await self.env.close(self._session)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[EnvironmentSession]:
+        """The agent's run. The policy stays `run` afterwards, through harness shutdown."""
+        await self._switch(self.session, "run")
+        yield self.session
+
+    async def evaluate(self, fn: Callable[[EnvironmentSession], Awaitable[T]]) -> T:
+        if not self.fresh_evaluation:
+            return await self._evaluate_on(self.session, fn, restore="baseline")
+        plan = self.plan.model_copy(
+            update={
+                "network": NetworkSchedule(
+                    baseline=self.schedule.policy("evaluation_baseline"),
+                    run=self.schedule.evaluation,
+                    evaluation=self.schedule.evaluation,
+                )
+            }
+        )
+        async with self.env.session(plan) as evaluation:
+            self._record(evaluation, "evaluation_baseline")
+            return await self._evaluate_on(evaluation, fn, restore="evaluation_baseline")
+
+    async def _evaluate_on(
+        self,
+        session: EnvironmentSession,
+        fn: Callable[[EnvironmentSession], Awaitable[T]],
+        *,
+        restore: Phase,
+    ) -> T:
+        await self._switch(session, "evaluation")
+        try:
+            result = await fn(session)
+        except BaseException as primary:
+            await self._restore(session, restore, primary)
+            raise
+        await self._restore(session, restore, None)
+        return result
+
+    async def _restore(
+        self, session: EnvironmentSession, phase: Phase, primary: BaseException | None
+    ) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._switch(session, phase)
+            except Exception as failure:
+                if primary is None:
+                    raise
+                primary.add_note(f"corral: restoring the {phase!r} policy failed: {failure!r}")
+                setattr(primary, "restore_error", failure)  # noqa: B010
+                log.error(
+                    "restore failed",
+                    extra={"sandbox": session.id, "phase": phase, "error": repr(failure)},
+                )
+
+    async def _switch(self, session: EnvironmentSession, phase: Phase) -> None:
+        policy = self.schedule.policy(phase)
+        started = anyio.current_time()
+        if policy != session.policy:
+            await session.set_network_policy(policy)
+        self._record(session, phase)
+        log.info(
+            "phase",
+            extra={
+                "sandbox": session.id,
+                "phase": phase,
+                "mode": policy.network_mode.value,
+                "duration_s": round(anyio.current_time() - started, 4),
+            },
+        )
+
+    def _record(self, session: EnvironmentSession, phase: Phase) -> None:
+        self.policy_log.append((session.id, phase, session.policy.network_mode.value))

@@ -1,0 +1,186 @@
+"""The execution plan: what to run, where, with what resources and network schedule."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from corral.errors import ConfigError
+from corral.network.policy import NetworkSchedule
+
+ImageSource = Literal["native", "image", "task_image", "fallback_image"]
+IMAGE_PRIORITY: tuple[ImageSource, ...] = ("native", "image", "task_image", "fallback_image")
+
+
+class Resources(BaseModel):
+    """Resource requests; unset fields mean the provider's default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cpu: float | None = Field(None, gt=0, description="CPU cores (may be fractional)")
+    memory_mb: int | None = Field(None, gt=0, description="memory limit in MiB")
+    disk_mb: int | None = Field(None, gt=0, description="writable disk in MiB")
+    gpus: int | None = Field(None, ge=0, description="number of GPUs")
+    placement: dict[str, str] | None = Field(
+        None, description="provider placement constraints (node labels)"
+    )
+
+    def merged_over(self, hint: Resources) -> Resources:
+        """Each explicit field beats the hint; unset fields inherit it."""
+        values = {
+            name: getattr(self, name) if getattr(self, name) is not None else getattr(hint, name)
+            for name in type(self).model_fields
+        }
+        return Resources.model_validate(values)
+
+
+class Timeouts(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    startup_s: float = Field(120.0, gt=0, description="seconds open() may take")
+    operation_s: float | None = Field(
+        None, gt=0, description="default seconds for one exec when none is given"
+    )
+    idle_s: float | None = Field(None, gt=0, description="seconds a sandbox may sit unused")
+    max_lifetime_s: float | None = Field(
+        None, gt=0, description="seconds after which the sandbox is expired and collectable"
+    )
+
+
+class ExecutionPlan(BaseModel):
+    """Everything a provider needs to open one sandbox. Derive with `model_copy(update=...)`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    image: str | None = None
+    native: dict[str, Any] | None = Field(
+        None, description="provider-native selector (build context, snapshot, pod template)"
+    )
+    task_image: str | None = None
+    fallback_image: str | None = None
+    resources: Resources = Resources()
+    task_resources: Resources = Resources()
+    workdir: str | None = None
+    env: dict[str, str | SecretStr] = {}
+    command: list[str] | None = None
+    timeouts: Timeouts = Timeouts()
+    network: NetworkSchedule = NetworkSchedule()
+    labels: dict[str, str] = {}
+    tags: tuple[str, ...] = ()
+    benchmark: str | None = None
+    task_id: str | None = None
+
+    @field_validator("image", "task_image", "fallback_image")
+    @classmethod
+    def _image_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or any(c.isspace() for c in value)):
+            raise ValueError(f"image {value!r} must be a non-empty name without whitespace")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
+        for name in value:
+            if not name or "=" in name or "\0" in name:
+                raise ValueError(f"environment variable name {name!r} is not valid")
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"workdir {value!r} must be an absolute path")
+        return value
+
+    def image_source(self) -> ImageSource | None:
+        """Which field wins: native > image > task_image > fallback_image."""
+        for source in IMAGE_PRIORITY:
+            if getattr(self, source):
+                return source
+        return None
+
+    def resolved(self) -> ExecutionPlan:
+        """The winner kept, the losing image fields dropped, resources merged over hints."""
+        winner = self.image_source()
+        update: dict[str, Any] = {source: None for source in IMAGE_PRIORITY if source != winner}
+        update["resources"] = self.resources.merged_over(self.task_resources)
+        update["task_resources"] = Resources()
+        return self.model_copy(update=update)
+
+    def require_image(self, provider: str) -> str | dict[str, Any]:
+        resolved = self.resolved()
+        source = resolved.image_source()
+        if source is None:
+            raise ConfigError(
+                f"provider {provider!r} needs an image: set one of native, image, "
+                "task_image or fallback_image on the plan"
+            )
+        value: str | dict[str, Any] = getattr(resolved, source)
+        return value
+
+    def persisted(self) -> dict[str, Any]:
+        """A JSON-safe dump with every secret value masked."""
+        return self.model_dump(mode="json")
+
+
+@runtime_checkable
+class Recipe(Protocol):
+    """Per-benchmark defaults. `apply` returns a copy and never touches an SDK."""
+
+    @property
+    def id(self) -> str: ...
+
+    def matches(self, plan: ExecutionPlan, provider_id: str) -> bool: ...
+
+    def apply(self, plan: ExecutionPlan) -> ExecutionPlan: ...
+
+
+class FallbackImageRecipe(BaseModel):
+    """The common recipe: a benchmark's default image, written only as `fallback_image`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    benchmark: str
+    fallback_image: str
+    providers: frozenset[str] | None = None
+
+    def matches(self, plan: ExecutionPlan, provider_id: str) -> bool:
+        return plan.benchmark == self.benchmark and (
+            self.providers is None or provider_id in self.providers
+        )
+
+    def apply(self, plan: ExecutionPlan) -> ExecutionPlan:
+        return plan.model_copy(update={"fallback_image": self.fallback_image})
+
+
+class RecipeRegistry:
+    def __init__(self, recipes: Iterable[Recipe] = ()) -> None:
+        self._recipes: dict[str, Recipe] = {}
+        for recipe in recipes:
+            self.register(recipe)
+
+    def register(self, recipe: Recipe) -> Recipe:
+        if recipe.id in self._recipes:
+            raise ConfigError(f"recipe id {recipe.id!r} is already registered")
+        self._recipes[recipe.id] = recipe
+        return recipe
+
+    def find(self, plan: ExecutionPlan, provider_id: str) -> Recipe | None:
+        found = [r for r in self._recipes.values() if r.matches(plan, provider_id)]
+        if len(found) > 1:
+            ids = ", ".join(sorted(r.id for r in found))
+            raise ConfigError(
+                f"recipes {ids} all match benchmark {plan.benchmark!r} on provider "
+                f"{provider_id!r}; at most one may"
+            )
+        return found[0] if found else None
+
+    def apply(self, plan: ExecutionPlan, provider_id: str) -> ExecutionPlan:
+        recipe = self.find(plan, provider_id)
+        return plan if recipe is None else recipe.apply(plan)
+
+
+RECIPES = RecipeRegistry()

@@ -1,0 +1,172 @@
+"""One live sandbox: the transport interface every provider implements.
+
+Contract (every provider, checked by `corral.testing`):
+
+- `exec`: a list runs without a shell, a string through `sh -c`. A non-zero exit is a
+  result, not an exception. A timeout kills the command's whole process tree inside the
+  sandbox and returns `timed_out=True`, `returncode=124`. Transport failure raises
+  `ProviderError`. Output is bounded (head and tail kept) and decoded with replacement.
+- `upload_dir`/`download_dir`: the tree lands exactly at the requested root; members that
+  would land outside it (links, absolute or `..` paths) are refused.
+- `read_text` on a missing path raises `RemotePathNotFound` naming it.
+- `set_network_policy` applies atomically or raises and leaves the old policy in force.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+import logging
+import tempfile
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import anyio
+from pydantic import BaseModel, ConfigDict
+
+from corral.core.output import DEFAULT_OUTPUT_LIMIT
+from corral.errors import NetworkPolicyNotEnforced, NetworkPolicyUnsupported
+from corral.network.policy import NetworkPolicy
+
+if TYPE_CHECKING:
+    from corral.core.environment import BaseEnvironment
+
+log = logging.getLogger("corral.session")
+
+Stream = Literal["stdout", "stderr"]
+OutputCallback = Callable[[Stream, str], object | Awaitable[object]]
+Command = str | Sequence[str]
+TIMEOUT_RETURNCODE = 124
+
+
+class ExecResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    duration_s: float
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+def argv(command: Command) -> list[str]:
+    """A list runs as is; a string runs through `sh -c`."""
+    if isinstance(command, str):
+        return ["sh", "-c", command]
+    args = list(command)
+    if not args or not all(isinstance(a, str) for a in args):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ValueError(f"command {command!r} must be a string or a non-empty list of strings")
+    return args
+
+
+async def emit(callback: OutputCallback | None, stream: Stream, text: str) -> None:
+    if callback is None or not text:
+        return
+    result = callback(stream, text)
+    if inspect.isawaitable(result):
+        await result
+
+
+class EnvironmentSession(abc.ABC):
+    """A live sandbox owned by one `BaseEnvironment.open()` call until `close()`."""
+
+    output_limit: int = DEFAULT_OUTPUT_LIMIT
+
+    def __init__(self, *, id: str, policy: NetworkPolicy) -> None:
+        self.id = id
+        self.policy = policy
+        self.environment: BaseEnvironment | None = None
+        self.owned: AsyncExitStack | None = None
+        self.closed = False
+        self.image: str = ""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} id={self.id!r} policy={str(self.policy)!r}>"
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> ExecResult: ...
+
+    @abc.abstractmethod
+    async def upload(self, local: str | Path, remote: str) -> None: ...
+
+    @abc.abstractmethod
+    async def download(self, remote: str, local: str | Path) -> None: ...
+
+    @abc.abstractmethod
+    async def upload_dir(self, local_dir: str | Path, remote_dir: str) -> None: ...
+
+    @abc.abstractmethod
+    async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None: ...
+
+    async def write_text(self, path: str, text: str) -> None:
+        with tempfile.TemporaryDirectory(prefix="corral-") as tmp:
+            local = Path(tmp) / "file"
+            await anyio.Path(local).write_text(text, encoding="utf-8")
+            await self.upload(local, path)
+
+    async def read_text(self, path: str) -> str:
+        with tempfile.TemporaryDirectory(prefix="corral-") as tmp:
+            local = Path(tmp) / "file"
+            await self.download(path, local)
+            data = await anyio.Path(local).read_bytes()
+        return data.decode("utf-8", errors="replace")
+
+    async def endpoint(self, port: int) -> str | None:
+        """A URL reachable from the caller for `port` in the sandbox, or None."""
+        return None
+
+    async def set_network_policy(self, policy: NetworkPolicy | str) -> None:
+        """Switch the policy in force, atomically; on error the old policy stays."""
+        new = NetworkPolicy.model_validate(policy)
+        env = self.environment
+        if env is None or self.closed:
+            raise NetworkPolicyUnsupported(f"session {self.id!r} is closed")
+        caps = env.network_capabilities()
+        if not caps.dynamic:
+            if new == self.policy:
+                return
+            raise NetworkPolicyUnsupported(
+                f"provider {caps.provider!r} cannot switch the policy of a live sandbox "
+                f"(from {self.policy} to {new})"
+            )
+        caps.check_policy(new, "run")
+        started = anyio.current_time()
+        await self._apply_network_policy(new)
+        self.policy = new
+        log.info(
+            "network policy applied",
+            extra={
+                "sandbox": self.id,
+                "mode": new.network_mode.value,
+                "duration_s": round(anyio.current_time() - started, 4),
+            },
+        )
+
+    async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
+        """Provider hook: enforce `policy` atomically, verify it, or raise."""
+        raise NetworkPolicyUnsupported(f"{type(self).__name__} cannot switch network policy")
+
+    async def fail_enforcement(self, message: str) -> None:
+        """A probe got through: close this session, then raise."""
+        env = self.environment
+        if env is not None:
+            await env.close(self)
+        raise NetworkPolicyNotEnforced(f"sandbox {self.id}: {message}; the session was closed")

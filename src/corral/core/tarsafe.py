@@ -1,0 +1,163 @@
+"""Streamed tar packing and safe extraction, shared by every provider.
+
+Packing yields the archive in chunks (a large file is read 1 MiB at a time, never whole).
+Extraction lands the tree exactly at the requested root and refuses any member that
+would land outside it: absolute or `..` names, links pointing out, devices.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path, PurePosixPath
+
+from corral.errors import UnsafeArchiveMember
+
+CHUNK = 1024 * 1024
+_BLOCK = tarfile.BLOCKSIZE
+
+
+def pack_dir(root: str | Path) -> Iterator[bytes]:
+    """A tar of the contents of `root`, names relative to it, in chunks."""
+    base = Path(root)
+    if not base.is_dir():
+        raise NotADirectoryError(f"not a directory: {str(base)!r}")
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames.sort()
+        here = Path(dirpath)
+        for name in [*sorted(dirnames), *sorted(filenames)]:
+            path = here / name
+            arcname = path.relative_to(base).as_posix()
+            yield from _pack_member(path, arcname, base)
+    yield b"\0" * (_BLOCK * 2)
+
+
+def pack_file(path: str | Path, arcname: str) -> Iterator[bytes]:
+    """A tar holding one regular file under `arcname`, in chunks."""
+    yield from _pack_member(Path(path), arcname, None)
+    yield b"\0" * (_BLOCK * 2)
+
+
+def _pack_member(path: Path, arcname: str, base: Path | None) -> Iterator[bytes]:
+    info = tarfile.TarInfo(arcname)
+    st = path.lstat()
+    info.mode = st.st_mode & 0o7777
+    info.mtime = int(st.st_mtime)
+    if path.is_symlink():
+        target = os.readlink(path)
+        _check_link(arcname, target)
+        info.type = tarfile.SYMTYPE
+        info.linkname = target
+    elif path.is_dir():
+        info.type = tarfile.DIRTYPE
+    elif path.is_file():
+        info.size = st.st_size
+    else:
+        raise UnsafeArchiveMember(
+            f"{str(path)!r} is not a regular file, directory or symlink; refusing to transfer it"
+        )
+    yield info.tobuf(format=tarfile.PAX_FORMAT)
+    if info.isfile():
+        sent = 0
+        with path.open("rb") as fh:
+            while sent < info.size:
+                chunk = fh.read(min(CHUNK, info.size - sent))
+                if not chunk:
+                    raise OSError(f"{str(path)!r} shrank while it was being transferred")
+                sent += len(chunk)
+                yield chunk
+        if info.size % _BLOCK:
+            yield b"\0" * (_BLOCK - info.size % _BLOCK)
+
+
+def _check_link(name: str, target: str) -> None:
+    pure = PurePosixPath(target)
+    if pure.is_absolute():
+        raise UnsafeArchiveMember(f"symlink {name!r} -> {target!r} points to an absolute path")
+    depth = len(PurePosixPath(name).parent.parts)
+    for part in pure.parts:
+        depth = depth - 1 if part == ".." else depth + (part != ".")
+        if depth < 0:
+            raise UnsafeArchiveMember(f"symlink {name!r} -> {target!r} points outside the root")
+
+
+class _ChunkReader:
+    """A read()-able view of an iterable of byte chunks, for tarfile's stream mode."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._buffer = bytearray()
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self._buffer) < size:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            self._buffer += chunk
+        if size < 0:
+            size = len(self._buffer)
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return data
+
+
+def extract_tar(chunks: Iterable[bytes], dest: str | Path, *, strip: str | None = None) -> None:
+    """Extract a tar stream so that its tree lands exactly at `dest`.
+
+    `strip` names a leading directory to remove (Docker's get_archive wraps the tree in
+    its basename). Members are staged beside `dest` and moved in only when the whole
+    archive was safe, so a refused archive leaves `dest` as it was.
+    """
+    target = Path(dest)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".corral-extract-", dir=target.parent))
+    try:
+        with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:  # type: ignore[arg-type]
+            for member in archive:
+                name = _strip(member.name, strip)
+                if name is None:
+                    continue
+                member.name = name
+                if member.islnk():
+                    linkname = _strip(member.linkname, strip)
+                    member.linkname = linkname if linkname is not None else member.linkname
+                try:
+                    safe = tarfile.data_filter(member, str(staging))
+                except tarfile.FilterError as exc:
+                    raise UnsafeArchiveMember(
+                        f"archive member {member.name!r} would land outside {str(target)!r}: {exc}"
+                    ) from None
+                archive.extract(safe, staging, filter="fully_trusted")
+        _merge(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _strip(name: str, prefix: str | None) -> str | None:
+    if prefix is None:
+        return name
+    parts = PurePosixPath(name).parts
+    if not parts or parts[0] != prefix:
+        raise UnsafeArchiveMember(f"archive member {name!r} is not under {prefix!r}")
+    rest = parts[1:]
+    return str(PurePosixPath(*rest)) if rest else None
+
+
+def _merge(src: Path, dst: Path) -> None:
+    if not dst.exists() and not dst.is_symlink():
+        src.rename(dst)
+        src.mkdir()
+        return
+    if not dst.is_dir() or dst.is_symlink():
+        raise NotADirectoryError(f"destination {str(dst)!r} exists and is not a directory")
+    for entry in src.iterdir():
+        out = dst / entry.name
+        if entry.is_dir() and not entry.is_symlink() and out.is_dir() and not out.is_symlink():
+            _merge(entry, out)
+        else:
+            if out.is_dir() and not out.is_symlink():
+                shutil.rmtree(out)
+            os.replace(entry, out)

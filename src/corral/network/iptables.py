@@ -1,0 +1,98 @@
+"""Render a policy as `iptables-restore` and `ip6tables-restore` payloads.
+
+The payload replaces the whole `filter` table of the sandbox's own network namespace in
+one transaction, so a switch never shows the union of two policies or none at all.
+
+Egress is filtered statelessly by destination: a connection opened under an old policy
+does not survive a switch to a stricter one. The only conntrack exception is the reply
+direction of connections that came *in* (a server behind `endpoint(port)`), which never
+lets the sandbox originate anything.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from corral.network.policy import NetworkMode, NetworkPolicy
+from corral.network.resolve import AddressRule, Resolution, address_rules, needs_dns
+
+CHAIN = "CORRAL-EGRESS"
+
+
+class IptablesPayload(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    ipv4: str
+    ipv6: str
+
+
+def render_iptables(policy: NetworkPolicy, resolved: Resolution) -> IptablesPayload:
+    rules = address_rules(policy, resolved)
+    return IptablesPayload(
+        ipv4=_render_family(policy, resolved, rules, 4),
+        ipv6=_render_family(policy, resolved, rules, 6),
+    )
+
+
+def _render_family(
+    policy: NetworkPolicy, resolved: Resolution, rules: list[AddressRule], family: int
+) -> str:
+    reject_icmp = "icmp-port-unreachable" if family == 4 else "icmp6-port-unreachable"
+    reject = [
+        "-p tcp -j REJECT --reject-with tcp-reset",
+        f"-j REJECT --reject-with {reject_icmp}",
+    ]
+    body = [
+        "-m conntrack --ctstate ESTABLISHED,RELATED --ctdir REPLY -j ACCEPT",
+    ]
+    dns_open = needs_dns(policy)
+    for server in resolved.dns_servers:
+        if server.version != family:
+            continue
+        dest = f"-d {server}/{server.max_prefixlen}"
+        if not dns_open:
+            body += [f"{dest} {r}" for r in reject]
+        elif server.is_loopback:
+            # Docker's embedded resolver is NATed to a random port on loopback.
+            body.append(f"{dest} -j ACCEPT")
+        else:
+            body += [f"{dest} -p {proto} --dport 53 -j ACCEPT" for proto in ("udp", "tcp")]
+    body.append("-o lo -j ACCEPT")
+    mode = policy.network_mode
+    if mode is NetworkMode.PUBLIC:
+        body.append("-j ACCEPT")
+    elif mode is NetworkMode.NO_NETWORK:
+        body += reject
+    elif mode is NetworkMode.ALLOWLIST:
+        for rule in _family(rules, family):
+            body += _match(rule, "-j ACCEPT")
+        body += reject
+    else:
+        for rule in _family(rules, family):
+            for r in reject:
+                body += _match(rule, r.removeprefix("-p tcp "), tcp_only="-p tcp" in r)
+        body.append("-j ACCEPT")
+    lines = [
+        "*filter",
+        ":INPUT ACCEPT [0:0]",
+        ":FORWARD DROP [0:0]",
+        ":OUTPUT ACCEPT [0:0]",
+        f":{CHAIN} - [0:0]",
+        f"-A OUTPUT -j {CHAIN}",
+        *(f"-A {CHAIN} {rule}" for rule in body),
+        "COMMIT",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _family(rules: list[AddressRule], family: int) -> list[AddressRule]:
+    return [r for r in rules if r.network.version == family]
+
+
+def _match(rule: AddressRule, action: str, *, tcp_only: bool = False) -> list[str]:
+    dest = f"-d {rule.network}"
+    if rule.port is None:
+        return [f"{dest} -p tcp {action}" if tcp_only else f"{dest} {action}"]
+    protos = ("tcp",) if tcp_only else ("tcp", "udp")
+    return [f"{dest} -p {proto} --dport {rule.port} {action}" for proto in protos]

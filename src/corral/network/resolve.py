@@ -1,0 +1,76 @@
+"""Hostname resolution at apply time, and the expansion of a policy into address rules."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict
+
+from corral.errors import NetworkPolicyUnsupported
+from corral.network.policy import NetworkMode, NetworkPolicy
+from corral.network.targets import EntryType, IPAddress, IPNetwork
+
+Resolver = Callable[[str], Awaitable[Sequence[IPAddress]]]
+
+
+class Resolution(BaseModel):
+    """Addresses of a policy's hostnames, as the sandbox resolved them, and its resolvers."""
+
+    model_config = ConfigDict(frozen=True)
+
+    addresses: dict[str, tuple[IPAddress, ...]] = {}
+    dns_servers: tuple[IPAddress, ...] = ()
+
+
+class AddressRule(NamedTuple):
+    network: IPNetwork
+    port: int | None
+
+
+async def resolve_policy(
+    policy: NetworkPolicy, resolver: Resolver, dns_servers: Iterable[IPAddress] = ()
+) -> Resolution:
+    """Resolve every hostname of `policy` with `resolver` (run inside the sandbox).
+
+    A denylist hostname that does not resolve is an error: corral cannot block what it
+    cannot name. An allowlist hostname that does not resolve simply allows nothing.
+    """
+    addresses: dict[str, tuple[IPAddress, ...]] = {}
+    for target in policy.targets:
+        if target.entry_type is not EntryType.HOSTNAME or target.host in addresses:
+            continue
+        found = tuple(dict.fromkeys(await resolver(target.host)))
+        if not found and policy.network_mode is NetworkMode.DENYLIST:
+            raise NetworkPolicyUnsupported(
+                f"denied host {target.host!r} does not resolve inside the sandbox, so it "
+                "cannot be blocked by address; list its addresses or CIDR instead"
+            )
+        addresses[target.host] = found
+    return Resolution(addresses=addresses, dns_servers=tuple(dns_servers))
+
+
+def address_rules(policy: NetworkPolicy, resolved: Resolution) -> list[AddressRule]:
+    """The policy's targets as (network, port) pairs, hostnames replaced by their addresses."""
+    rules: list[AddressRule] = []
+    for target in policy.targets:
+        if target.entry_type is EntryType.WILDCARD_HOSTNAME:
+            raise NetworkPolicyUnsupported(
+                f"wildcard entry {str(target)!r} cannot be expanded to addresses"
+            )
+        if target.entry_type is EntryType.HOSTNAME:
+            if target.host not in resolved.addresses:
+                raise ValueError(f"hostname {target.host!r} was not resolved before rendering")
+            networks = [ipaddress.ip_network(a) for a in resolved.addresses[target.host]]
+        else:
+            networks = [target.network()]
+        rules.extend(AddressRule(n, target.port) for n in networks)
+    return list(dict.fromkeys(rules))
+
+
+def needs_dns(policy: NetworkPolicy) -> bool:
+    """Whether the sandbox must reach its resolver for the policy to be usable."""
+    if policy.network_mode is NetworkMode.ALLOWLIST:
+        return any(t.entry_type is EntryType.HOSTNAME for t in policy.allowed_hosts)
+    return policy.network_mode in (NetworkMode.PUBLIC, NetworkMode.DENYLIST)

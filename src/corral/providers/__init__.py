@@ -1,0 +1,1 @@
+"""Providers: each a small package behind `corral.core`."""

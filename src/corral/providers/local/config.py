@@ -1,0 +1,34 @@
+"""Configuration of the `local` provider."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+
+from corral.core.config import RuntimeEnvironmentConfig
+from corral.core.output import DEFAULT_OUTPUT_LIMIT
+
+
+class LocalConfig(RuntimeEnvironmentConfig):
+    """A process tree on this host. Not a security boundary for the filesystem."""
+
+    root_dir: Path | None = Field(
+        None,
+        description="directory under which each session's workspace is created "
+        "(default: the system temp dir)",
+    )
+    inherit_env: tuple[str, ...] = Field(
+        ("PATH", "LANG", "LC_ALL", "TZ"),
+        description="host environment variables passed to commands; nothing else leaks in",
+    )
+    output_limit_bytes: int = Field(
+        DEFAULT_OUTPUT_LIMIT, ge=1024, description="bytes of stdout/stderr kept per exec"
+    )
+
+    @field_validator("root_dir")
+    @classmethod
+    def _root_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"root_dir {str(value)!r} is not an existing directory")
+        return value

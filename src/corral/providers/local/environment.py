@@ -1,0 +1,86 @@
+"""The `local` provider: the embedded default, no daemon needed.
+
+It runs commands as process trees on this host. It is not a security boundary for the
+filesystem: a command can read and write anything the host user can. Its one enforced
+network restriction is `no-network`, through a fresh network namespace per exec, and it
+is declared only where a probe shows the host allows one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any, ClassVar
+
+import anyio
+
+from corral.core.environment import BaseEnvironment
+from corral.core.labels import new_session_id
+from corral.core.plan import ExecutionPlan
+from corral.core.redact import plain_env
+from corral.core.session import EnvironmentSession
+from corral.network.capabilities import NetworkCapabilities
+from corral.network.policy import NetworkMode
+from corral.providers.local.config import LocalConfig
+from corral.providers.local.netns import netns_available
+from corral.providers.local.session import LocalSession
+
+
+class _ProbedModes:
+    """`supported_network_modes`, decided by probing the host once, on first use."""
+
+    def __get__(self, obj: object, owner: type | None = None) -> frozenset[NetworkMode]:
+        if netns_available():
+            return frozenset({NetworkMode.PUBLIC, NetworkMode.NO_NETWORK})
+        return frozenset({NetworkMode.PUBLIC})
+
+
+class LocalEnvironment(BaseEnvironment):
+    id: ClassVar[str] = "local"
+    config_model: ClassVar[type[LocalConfig]] = LocalConfig
+    supported_network_modes = _ProbedModes()  # type: ignore[assignment]
+
+    config: LocalConfig
+
+    @classmethod
+    def network_capabilities(cls) -> NetworkCapabilities:
+        return NetworkCapabilities(provider=cls.id, modes=cls.supported_network_modes)
+
+    async def _open(self, plan: ExecutionPlan, owned: AsyncExitStack) -> EnvironmentSession:
+        session_id = new_session_id()
+        root = self.config.root_dir or Path(tempfile.gettempdir())
+        workspace = Path(
+            await anyio.to_thread.run_sync(
+                lambda: tempfile.mkdtemp(prefix=f"corral-{session_id}-", dir=root)
+            )
+        )
+        owned.push_async_callback(_remove_tree, workspace)
+        tmp_dir = workspace / ".tmp"
+        tmp_dir.mkdir()
+        workdir = Path(plan.workdir) if plan.workdir else workspace
+        workdir.mkdir(parents=True, exist_ok=True)
+        inherited = {k: os.environ[k] for k in self.config.inherit_env if k in os.environ}
+        env: dict[str, Any] = {
+            **inherited,
+            "HOME": str(workspace),
+            "TMPDIR": str(tmp_dir),
+            **plain_env(plan.env),
+        }
+        session = LocalSession(
+            id=session_id,
+            policy=plan.network.baseline,
+            workspace=workspace,
+            workdir=workdir,
+            env=env,
+            default_timeout=plan.timeouts.operation_s,
+            output_limit=self.config.output_limit_bytes,
+        )
+        session.image = "host"
+        return session
+
+
+async def _remove_tree(path: Path) -> None:
+    await anyio.to_thread.run_sync(lambda: shutil.rmtree(path, ignore_errors=True))

@@ -1,0 +1,160 @@
+"""Running one command as its own process group, streamed, bounded, killed exactly.
+
+The group leader is waited for without being reaped (`waitid(WNOWAIT)` on a pidfd), so
+its pid, and with it the group id, cannot be reused until corral has killed the group.
+That makes the kill exact: it can only hit processes this exec started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from typing import IO
+
+import anyio
+
+from corral.core.output import BoundedOutput, StreamDecoder
+from corral.core.session import (
+    TIMEOUT_RETURNCODE,
+    ExecResult,
+    OutputCallback,
+    Stream,
+    emit,
+)
+from corral.errors import ProviderError
+
+READ_SIZE = 64 * 1024
+DRAIN_AFTER_EXIT_S = 2.0
+
+
+async def run_process(
+    args: list[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    user: str | None,
+    timeout: float | None,
+    stdin: bytes | None,
+    on_output: OutputCallback | None,
+    output_limit: int,
+) -> ExecResult:
+    started = time.monotonic()
+    try:
+        proc = await anyio.to_thread.run_sync(
+            lambda: subprocess.Popen(
+                args,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=dict(env),
+                user=user,
+                start_new_session=True,
+            )
+        )
+    except FileNotFoundError as exc:
+        return _not_found(exc, started)
+    except (OSError, ValueError) as exc:
+        raise ProviderError(f"could not start {args[0]!r}: {exc}") from exc
+    assert proc.stdout is not None and proc.stderr is not None
+    outputs = {"stdout": BoundedOutput(output_limit), "stderr": BoundedOutput(output_limit)}
+    pidfd = os.pidfd_open(proc.pid)
+    timed_out = False
+    try:
+        async with anyio.create_task_group() as readers:
+            readers.start_soon(_pump, proc.stdout.fileno(), "stdout", outputs, on_output)
+            readers.start_soon(_pump, proc.stderr.fileno(), "stderr", outputs, on_output)
+            if stdin is not None and proc.stdin is not None:
+                readers.start_soon(_feed, proc.stdin, stdin)
+            with anyio.move_on_after(timeout) as scope:
+                await _wait_exit(pidfd, proc.pid)
+            timed_out = scope.cancelled_caught
+            _kill_group(proc.pid)
+            # Stragglers that escaped the group could hold the pipes open forever.
+            readers.cancel_scope.deadline = anyio.current_time() + DRAIN_AFTER_EXIT_S
+    finally:
+        with anyio.CancelScope(shield=True):
+            _kill_group(proc.pid)
+            await anyio.to_thread.run_sync(proc.wait)
+            os.close(pidfd)
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+    code = proc.returncode
+    returncode = TIMEOUT_RETURNCODE if timed_out else (128 - code if code < 0 else code)
+    return ExecResult(
+        returncode=returncode,
+        stdout=outputs["stdout"].text(),
+        stderr=outputs["stderr"].text(),
+        timed_out=timed_out,
+        duration_s=time.monotonic() - started,
+        stdout_truncated=outputs["stdout"].truncated,
+        stderr_truncated=outputs["stderr"].truncated,
+    )
+
+
+def _not_found(exc: FileNotFoundError, started: float) -> ExecResult:
+    # Same as a shell: a missing program is exit code 127, not a transport failure.
+    return ExecResult(
+        returncode=127,
+        stdout="",
+        stderr=f"{exc.filename or exc}: command not found\n",
+        duration_s=time.monotonic() - started,
+    )
+
+
+async def _wait_exit(pidfd: int, pid: int) -> None:
+    while True:
+        await anyio.wait_readable(pidfd)
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+        if info is not None:
+            return
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+async def _pump(
+    fd: int,
+    stream: Stream,
+    outputs: dict[str, BoundedOutput],
+    on_output: OutputCallback | None,
+) -> None:
+    os.set_blocking(fd, False)
+    decoder = StreamDecoder()
+    while True:
+        await anyio.wait_readable(fd)
+        try:
+            chunk = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            await emit(on_output, stream, decoder.decode(b"", final=True))
+            return
+        outputs[stream].feed(chunk)
+        await emit(on_output, stream, decoder.decode(chunk))
+
+
+async def _feed(pipe: IO[bytes], data: bytes) -> None:
+    fd = pipe.fileno()
+    os.set_blocking(fd, False)
+    view = memoryview(data)
+    try:
+        while view:
+            await anyio.wait_writable(fd)
+            try:
+                written = os.write(fd, view)
+            except BlockingIOError:
+                continue
+            view = view[written:]
+    except BrokenPipeError:
+        pass
+    finally:
+        pipe.close()

@@ -1,0 +1,128 @@
+"""A `local` sandbox: a workspace directory and one process group per exec."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import anyio
+
+from corral.core.paths import resolve_within
+from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
+from corral.core.tarsafe import extract_tar, pack_dir
+from corral.errors import ConfigError, RemotePathNotFound
+from corral.network.policy import NetworkMode, NetworkPolicy
+from corral.providers.local.netns import isolated
+from corral.providers.local.process import run_process
+
+
+class LocalSession(EnvironmentSession):
+    def __init__(
+        self,
+        *,
+        id: str,
+        policy: NetworkPolicy,
+        workspace: Path,
+        workdir: Path,
+        env: dict[str, str],
+        default_timeout: float | None,
+        output_limit: int,
+    ) -> None:
+        super().__init__(id=id, policy=policy)
+        self.workspace = workspace
+        self.workdir = workdir
+        self.tmp_dir = workspace / ".tmp"
+        self._env = env
+        self._default_timeout = default_timeout
+        self.output_limit = output_limit
+
+    def resolve_tmp_path(self, relative: str) -> Path:
+        """A path inside the session's tmp dir; absolute paths and `..` are refused."""
+        return resolve_within(self.tmp_dir, relative)
+
+    def _path(self, remote: str) -> Path:
+        if not remote or "\0" in remote:
+            raise ConfigError(f"sandbox path {remote!r} is not valid")
+        path = Path(remote)
+        return path if path.is_absolute() else self.workdir / path
+
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> ExecResult:
+        args = argv(command)
+        if self.policy.network_mode is NetworkMode.NO_NETWORK:
+            args = isolated(args)
+        directory = self._path(cwd) if cwd else self.workdir
+        if not directory.is_dir():
+            raise RemotePathNotFound(str(directory))
+        return await run_process(
+            args,
+            cwd=str(directory),
+            env={**self._env, **(env or {})},
+            user=user,
+            timeout=timeout if timeout is not None else self._default_timeout,
+            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+            on_output=on_output,
+            output_limit=self.output_limit,
+        )
+
+    async def upload(self, local: str | Path, remote: str) -> None:
+        target = self._path(remote)
+
+        def copy() -> None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local, target)
+
+        await anyio.to_thread.run_sync(copy)
+
+    async def download(self, remote: str, local: str | Path) -> None:
+        source = self._existing(remote)
+        if source.is_dir():
+            raise IsADirectoryError(f"sandbox path {remote!r} is a directory")
+
+        def copy() -> None:
+            Path(local).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, local)
+
+        await anyio.to_thread.run_sync(copy)
+
+    async def write_text(self, path: str, text: str) -> None:
+        target = self._path(path)
+        await anyio.Path(target.parent).mkdir(parents=True, exist_ok=True)
+        await anyio.Path(target).write_text(text, encoding="utf-8")
+
+    async def read_text(self, path: str) -> str:
+        source = self._existing(path)
+        if source.is_dir():
+            raise IsADirectoryError(f"sandbox path {path!r} is a directory")
+        data = await anyio.Path(source).read_bytes()
+        return data.decode("utf-8", errors="replace")
+
+    async def upload_dir(self, local_dir: str | Path, remote_dir: str) -> None:
+        target = self._path(remote_dir)
+        await anyio.to_thread.run_sync(lambda: extract_tar(pack_dir(local_dir), target))
+
+    async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None:
+        source = self._existing(remote_dir)
+        if not source.is_dir():
+            raise NotADirectoryError(f"sandbox path {remote_dir!r} is not a directory")
+        await anyio.to_thread.run_sync(lambda: extract_tar(pack_dir(source), local_dir))
+
+    async def endpoint(self, port: int) -> str | None:
+        if self.policy.network_mode is NetworkMode.NO_NETWORK:
+            return None  # each exec has its own namespace; nothing there is reachable
+        return f"http://127.0.0.1:{port}"
+
+    def _existing(self, remote: str) -> Path:
+        path = self._path(remote)
+        if not path.exists():
+            raise RemotePathNotFound(remote)
+        return path
