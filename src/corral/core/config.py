@@ -17,7 +17,7 @@ class RuntimeEnvironmentConfig(BaseModel):
     mutually_exclusive: ClassVar[tuple[tuple[str, ...], ...]] = ()
 
     owner: str = Field(
-        "corral",
+        default="corral",
         min_length=1,
         max_length=63,
         pattern=r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$",
@@ -27,7 +27,7 @@ class RuntimeEnvironmentConfig(BaseModel):
         default_factory=dict[str, str], description="extra labels on every resource"
     )
     default_lifetime_s: float = Field(
-        6 * 3600.0,
+        default=6 * 3600.0,
         gt=0,
         description="seconds until a sandbox counts as expired for gc when the plan sets no "
         "max_lifetime_s",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, ClassVar
 
@@ -38,7 +38,7 @@ def open_limiter(provider: str, tokens: int) -> anyio.CapacityLimiter:
     try:
         limiters = _limiters.get()
     except LookupError:
-        limiters = {}
+        limiters: dict[str, anyio.CapacityLimiter] = {}
         _limiters.set(limiters)
     if provider not in limiters:
         limiters[provider] = anyio.CapacityLimiter(tokens)
@@ -163,7 +163,7 @@ class BaseEnvironment(abc.ABC):
         )
 
     @asynccontextmanager
-    async def session(self, plan: ExecutionPlan) -> AsyncIterator[EnvironmentSession]:
+    async def session(self, plan: ExecutionPlan) -> AsyncGenerator[EnvironmentSession]:
         sandbox = await self.open(plan)
         try:
             yield sandbox

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import TypeVar
@@ -87,7 +87,7 @@ class TaskRun:
             await self.env.close(self._session)
 
     @asynccontextmanager
-    async def running(self) -> AsyncIterator[EnvironmentSession]:
+    async def running(self) -> AsyncGenerator[EnvironmentSession]:
         """The agent's run. The policy stays `run` afterwards, through harness shutdown."""
         await self._switch(self.session, "run")
         yield self.session

@@ -19,12 +19,12 @@ class Resources(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    cpu: float | None = Field(None, gt=0, description="CPU cores (may be fractional)")
-    memory_mb: int | None = Field(None, gt=0, description="memory limit in MiB")
-    disk_mb: int | None = Field(None, gt=0, description="writable disk in MiB")
-    gpus: int | None = Field(None, ge=0, description="number of GPUs")
+    cpu: float | None = Field(default=None, gt=0, description="CPU cores (may be fractional)")
+    memory_mb: int | None = Field(default=None, gt=0, description="memory limit in MiB")
+    disk_mb: int | None = Field(default=None, gt=0, description="writable disk in MiB")
+    gpus: int | None = Field(default=None, ge=0, description="number of GPUs")
     placement: dict[str, str] | None = Field(
-        None, description="provider placement constraints (node labels)"
+        default=None, description="provider placement constraints (node labels)"
     )
 
     def merged_over(self, hint: Resources) -> Resources:
@@ -39,13 +39,13 @@ class Resources(BaseModel):
 class Timeouts(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    startup_s: float = Field(120.0, gt=0, description="seconds open() may take")
+    startup_s: float = Field(default=120.0, gt=0, description="seconds open() may take")
     operation_s: float | None = Field(
-        None, gt=0, description="default seconds for one exec when none is given"
+        default=None, gt=0, description="default seconds for one exec when none is given"
     )
-    idle_s: float | None = Field(None, gt=0, description="seconds a sandbox may sit unused")
+    idle_s: float | None = Field(default=None, gt=0, description="seconds a sandbox may sit unused")
     max_lifetime_s: float | None = Field(
-        None, gt=0, description="seconds after which the sandbox is expired and collectable"
+        default=None, gt=0, description="seconds after which the sandbox is expired and collectable"
     )
 
 
@@ -56,7 +56,7 @@ class ExecutionPlan(BaseModel):
 
     image: str | None = None
     native: dict[str, Any] | None = Field(
-        None, description="provider-native selector (build context, snapshot, pod template)"
+        default=None, description="provider-native selector (build context, snapshot, pod template)"
     )
     task_image: str | None = None
     fallback_image: str | None = None

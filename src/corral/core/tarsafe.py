@@ -13,6 +13,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
+from typing import IO, cast
 
 from corral.errors import UnsafeArchiveMember
 
@@ -47,7 +48,7 @@ def _pack_member(path: Path, arcname: str, base: Path | None) -> Iterator[bytes]
     info.mode = st.st_mode & 0o7777
     info.mtime = int(st.st_mtime)
     if path.is_symlink():
-        target = os.readlink(path)
+        target = str(path.readlink())
         _check_link(arcname, target)
         info.type = tarfile.SYMTYPE
         info.linkname = target
@@ -115,7 +116,8 @@ def extract_tar(chunks: Iterable[bytes], dest: str | Path, *, strip: str | None 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".corral-extract-", dir=target.parent))
     try:
-        with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:  # type: ignore[arg-type]
+        reader = cast(IO[bytes], _ChunkReader(chunks))
+        with tarfile.open(fileobj=reader, mode="r|") as archive:
             for member in archive:
                 name = _strip(member.name, strip)
                 if name is None:
@@ -160,4 +162,4 @@ def _merge(src: Path, dst: Path) -> None:
         else:
             if out.is_dir() and not out.is_symlink():
                 shutil.rmtree(out)
-            os.replace(entry, out)
+            entry.replace(out)

@@ -14,16 +14,16 @@ class LocalConfig(RuntimeEnvironmentConfig):
     """A process tree on this host. Not a security boundary for the filesystem."""
 
     root_dir: Path | None = Field(
-        None,
+        default=None,
         description="directory under which each session's workspace is created "
         "(default: the system temp dir)",
     )
     inherit_env: tuple[str, ...] = Field(
-        ("PATH", "LANG", "LC_ALL", "TZ"),
+        default=("PATH", "LANG", "LC_ALL", "TZ"),
         description="host environment variables passed to commands; nothing else leaks in",
     )
     output_limit_bytes: int = Field(
-        DEFAULT_OUTPUT_LIMIT, ge=1024, description="bytes of stdout/stderr kept per exec"
+        default=DEFAULT_OUTPUT_LIMIT, ge=1024, description="bytes of stdout/stderr kept per exec"
     )
 
     @field_validator("root_dir")

@@ -40,7 +40,7 @@ class _ProbedModes:
 
 class LocalEnvironment(BaseEnvironment):
     id: ClassVar[str] = "local"
-    config_model: ClassVar[type[LocalConfig]] = LocalConfig
+    config_model = LocalConfig
     supported_network_modes = _ProbedModes()  # type: ignore[assignment]
 
     config: LocalConfig

@@ -7,6 +7,7 @@ That makes the kill exact: it can only hit processes this exec started.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -109,16 +110,15 @@ def _not_found(exc: FileNotFoundError, started: float) -> ExecResult:
 async def _wait_exit(pidfd: int, pid: int) -> None:
     while True:
         await anyio.wait_readable(pidfd)
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+        # WNOHANG: the pidfd said it exited, so this never blocks.
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)  # noqa: ASYNC222
         if info is not None:
             return
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 async def _pump(

@@ -1,0 +1,412 @@
+"""The provider conformance suite. Star-import it into a test module that defines the
+fixtures `corral_environment` (a `BaseEnvironment`) and `corral_plan` (an
+`ExecutionPlan` whose baseline is `public`):
+
+    from corral.testing.conformance import *  # noqa: F403
+
+Every declared network mode is shown enforced by a probe; every undeclared one must be
+refused at `open()`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from corral.core.environment import BaseEnvironment
+from corral.core.plan import ExecutionPlan
+from corral.core.session import EnvironmentSession
+from corral.errors import NetworkPolicyUnsupported, RemotePathNotFound, UnsafeArchiveMember
+from corral.network.policy import NetworkMode, NetworkPolicy, NetworkSchedule
+from corral.testing.plugin import ConnectCommand, EgressTarget, ServeCommand
+
+__all__ = [
+    "test_conformance_close_is_idempotent",
+    "test_conformance_dir_round_trip_exact_root",
+    "test_conformance_download_dir_refuses_escaping_links",
+    "test_conformance_endpoint",
+    "test_conformance_env_and_cwd",
+    "test_conformance_exec_list_runs_without_shell",
+    "test_conformance_exec_string_runs_through_sh",
+    "test_conformance_file_round_trip",
+    "test_conformance_invalid_utf8_is_replaced",
+    "test_conformance_missing_paths",
+    "test_conformance_network_mode",
+    "test_conformance_nonzero_exit_is_a_result",
+    "test_conformance_output_is_bounded",
+    "test_conformance_stdin",
+    "test_conformance_streaming_output",
+    "test_conformance_timeout_kills_children",
+    "test_conformance_undeclared_switch_refused",
+    "test_conformance_upload_dir_refuses_escaping_links",
+]
+
+anyio_mark = pytest.mark.anyio
+
+
+async def _workdir(session: EnvironmentSession) -> str:
+    result = await session.exec(["pwd"])
+    assert result.returncode == 0, result
+    return result.stdout.strip()
+
+
+@anyio_mark
+async def test_conformance_exec_list_runs_without_shell(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
+) -> None:
+    async with corral_environment.session(corral_plan) as sandbox:
+        result = await sandbox.exec(["echo", "$HOME", "a b"])
+    assert result.returncode == 0
+    assert result.stdout == "$HOME a b\n"
+    assert not result.timed_out
+
+
+@anyio_mark
+async def test_conformance_exec_string_runs_through_sh(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
+) -> None:
+    async with corral_environment.session(corral_plan) as sandbox:
+        result = await sandbox.exec("echo $((40 + 2)) | tr 4 x; echo err >&2")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "x2\n", "err\n")
+
+
+@anyio_mark
+async def test_conformance_nonzero_exit_is_a_result(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
+) -> None:
+    async with corral_environment.session(corral_plan) as sandbox:
+        result = await sandbox.exec("exit 7")
+        missing = await sandbox.exec(["corral-no-such-program"])
+    assert result.returncode == 7 and not result.ok
+    assert missing.returncode in (126, 127), missing
+
+
+@anyio_mark
+async def test_conformance_stdin(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
+) -> None:
+    async with corral_environment.session(corral_plan) as sandbox:
+        text = await sandbox.exec(["cat"], stdin="héllo\n")
+        raw = await sandbox.exec("wc -c", stdin=b"\x00" * 100_000)
+    assert text.stdout == "héllo\n"
+    assert raw.stdout.strip() == "100000"
+
+
+@anyio_mark
+async def test_conformance_env_and_cwd(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
+) -> None:
+    plan = corral_plan.model_copy(update={"env": {**corral_plan.env, "CORRAL_PLAN_VAR": "p"}})
+    async with corral_environment.session(plan) as sandbox:
+        await sandbox.exec(["mkdir", "-p", "sub"])
+        result = await sandbox.exec(
+            'echo "$CORRAL_PLAN_VAR $CORRAL_EXEC_VAR"; pwd',
+            env={"CORRAL_EXEC_VAR": "e"},
+            cwd="sub",
+        )
+    lines = result.stdout.splitlines()
+    assert lines[0] == "p e"
+    assert lines[1].endswith("/sub")
+
+
+@anyio_mark
+async def test_conformance_timeout_kills_children(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
+) -> None:
+    async with corral_environment.session(corral_plan) as sandbox:
+        started = time.monotonic()
+        result = await sandbox.exec(
+            "sleep 300 & echo $! > child.pid; echo started; sleep 300", timeout=1.5
+        )
+        elapsed = time.monotonic() - started
+        await anyio.sleep(0.5)
+        # A zombie is dead; whether it is reaped yet depends on the sandbox's init.
+        child = await sandbox.exec(
+            'state=$(ps -o stat= -p "$(cat child.pid)"); '
+            'case "$state" in ""|Z*) echo gone;; *) echo alive;; esac'
+        )
+        survivors = await sandbox.exec("ps -eo args | grep '[s]leep 300' || true")
+    assert result.timed_out and result.returncode in (124, None)
+    assert "started" in result.stdout, "output before the timeout is kept"
+    assert elapsed < 30, f"timeout of 1.5 s took {elapsed:.1f} s"
+    assert child.stdout.strip() == "gone", "the timed-out command's child survived"
+    assert survivors.stdout.strip() == "", f"left running: {survivors.stdout!r}"
+
+
+@anyio_mark
+async def test_conformance_streaming_output(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
+) -> None:
+    chunks: list[tuple[str, str, float]] = []
+
+    def on_output(stream: str, text: str) -> None:
+        chunks.append((stream, text, time.monotonic()))
+
+    async with corral_environment.session(corral_plan) as sandbox:
+        result = await sandbox.exec(
+            "echo first; echo warn >&2; sleep 1.5; echo second", on_output=on_output
+        )
+    out = "".join(t for s, t, _ in chunks if s == "stdout")
+    err = "".join(t for s, t, _ in chunks if s == "stderr")
+    assert out == result.stdout == "first\nsecond\n"
+    assert err == result.stderr == "warn\n"
+    first = next(at for s, t, at in chunks if s == "stdout" and "first" in t)
+    second = next(at for s, t, at in chunks if s == "stdout" and "second" in t)
+    assert second - first > 1.0, "output was not streamed while the command ran"
+
+
+@anyio_mark
+async def test_conformance_output_is_bounded(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
+) -> None:
+    async with corral_environment.session(corral_plan) as sandbox:
+        limit = sandbox.output_limit
+        size = limit * 3
+        result = await sandbox.exec(
+            f"printf HEAD; head -c {size} /dev/zero | tr '\\0' x; printf TAIL"
+        )
+    assert result.returncode == 0
+    assert result.stdout_truncated and not result.stderr_truncated
+    assert result.stdout.startswith("HEADxxx") and result.stdout.endswith("xxxTAIL")
+    assert len(result.stdout.encode()) < limit + 200
+
+
+@anyio_mark
+async def test_conformance_invalid_utf8_is_replaced(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
+) -> None:
+    async with corral_environment.session(corral_plan) as sandbox:
+        result = await sandbox.exec(r"printf 'ok\377\376end'")
+    assert result.stdout == "ok\ufffd\ufffdend"
+
+
+@anyio_mark
+async def test_conformance_file_round_trip(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan, tmp_path: Path
+) -> None:
+    payload = os.urandom(300_000)
+    (tmp_path / "in.bin").write_bytes(payload)
+    async with corral_environment.session(corral_plan) as sandbox:
+        root = await _workdir(sandbox)
+        await sandbox.write_text(f"{root}/deep/dir/note.txt", "grüße ✓\n")
+        text = await sandbox.read_text(f"{root}/deep/dir/note.txt")
+        await sandbox.upload(tmp_path / "in.bin", f"{root}/bin/in.bin")
+        await sandbox.download(f"{root}/bin/in.bin", tmp_path / "out" / "out.bin")
+        size = await sandbox.exec(["wc", "-c", f"{root}/bin/in.bin"])
+    assert text == "grüße ✓\n"
+    assert (tmp_path / "out" / "out.bin").read_bytes() == payload
+    assert size.stdout.split()[0] == str(len(payload))
+
+
+@anyio_mark
+async def test_conformance_missing_paths(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan, tmp_path: Path
+) -> None:
+    async with corral_environment.session(corral_plan) as sandbox:
+        root = await _workdir(sandbox)
+        missing = f"{root}/no/such/file.txt"
+        with pytest.raises(RemotePathNotFound, match="no/such/file.txt"):
+            await sandbox.read_text(missing)
+        with pytest.raises(FileNotFoundError):
+            await sandbox.download(missing, tmp_path / "x")
+        with pytest.raises(FileNotFoundError):
+            await sandbox.download_dir(f"{root}/no/such/dir", tmp_path / "y")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def _make_tree(root: Path) -> set[str]:
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "top.txt").write_text("top")
+    (root / "a" / "mid.txt").write_text("mid")
+    (root / "a" / "b" / "leaf.bin").write_bytes(os.urandom(70_000))
+    (root / "a" / "link.txt").symlink_to("mid.txt")
+    (root / "empty").mkdir()
+    return {"top.txt", "a/mid.txt", "a/b/leaf.bin"}
+
+
+def _files(root: Path) -> set[str]:
+    return {
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+@anyio_mark
+async def test_conformance_dir_round_trip_exact_root(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan, tmp_path: Path
+) -> None:
+    source = tmp_path / "src"
+    expected = _make_tree(source)
+    async with corral_environment.session(corral_plan) as sandbox:
+        root = await _workdir(sandbox)
+        await sandbox.upload_dir(source, f"{root}/dest")
+        listing = await sandbox.exec("find . -type f | sort", cwd=f"{root}/dest")
+        link = await sandbox.exec(["cat", f"{root}/dest/a/link.txt"])
+        await sandbox.download_dir(f"{root}/dest", tmp_path / "back")
+    assert {line.removeprefix("./") for line in listing.stdout.split()} == expected
+    assert link.stdout == "mid"
+    assert _files(tmp_path / "back") == expected
+    assert (tmp_path / "back" / "empty").is_dir()
+    assert (tmp_path / "back" / "a" / "link.txt").read_text() == "mid"
+    for name in expected:
+        assert (tmp_path / "back" / name).read_bytes() == (source / name).read_bytes()
+
+
+@anyio_mark
+async def test_conformance_upload_dir_refuses_escaping_links(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan, tmp_path: Path
+) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "ok.txt").write_text("ok")
+    (source / "evil").symlink_to("../../../../etc")
+    async with corral_environment.session(corral_plan) as sandbox:
+        root = await _workdir(sandbox)
+        with pytest.raises(UnsafeArchiveMember, match="evil"):
+            await sandbox.upload_dir(source, f"{root}/up")
+        after = await sandbox.exec(["ls", "-A", f"{root}/up"])
+    assert "evil" not in after.stdout
+
+
+@anyio_mark
+async def test_conformance_download_dir_refuses_escaping_links(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan, tmp_path: Path
+) -> None:
+    async with corral_environment.session(corral_plan) as sandbox:
+        root = await _workdir(sandbox)
+        await sandbox.exec(
+            "mkdir -p down && echo ok > down/ok.txt && ln -s /etc/hostname down/abs "
+            "&& ln -s ../../../../../etc down/up",
+            cwd=root,
+        )
+        with pytest.raises(UnsafeArchiveMember):
+            await sandbox.download_dir(f"{root}/down", tmp_path / "out")
+    assert not (tmp_path / "out").exists(), "a refused archive must leave nothing behind"
+
+
+@anyio_mark
+async def test_conformance_endpoint(
+    corral_environment: BaseEnvironment,
+    corral_plan: ExecutionPlan,
+    corral_serve_command: ServeCommand,
+) -> None:
+    port = 18_080
+    async with corral_environment.session(corral_plan) as sandbox:
+        url = await sandbox.endpoint(port)
+        if url is None:
+            return  # allowed by the contract: this provider cannot serve endpoints
+        host, _, port_text = url.removeprefix("http://").rstrip("/").rpartition(":")
+        received = b""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sandbox.exec, corral_serve_command(port, "ok"))
+            with anyio.fail_after(30):
+                while not received:
+                    try:
+                        stream = await anyio.connect_tcp(host.strip("[]"), int(port_text))
+                    except OSError:
+                        await anyio.sleep(0.2)
+                        continue
+                    async with stream:
+                        try:
+                            received = await stream.receive()
+                        except (anyio.EndOfStream, OSError):
+                            await anyio.sleep(0.2)
+            tg.cancel_scope.cancel()
+    assert received.startswith(b"ok")
+
+
+async def _reaches(
+    sandbox: EnvironmentSession, connect: ConnectCommand, target: EgressTarget
+) -> bool:
+    result = await sandbox.exec(connect(target), timeout=20)
+    return result.returncode == 0
+
+
+def _mode_policy(
+    mode: NetworkMode, targets: list[EgressTarget], env: BaseEnvironment
+) -> NetworkPolicy:
+    ports = env.network_capabilities().target_ports
+    allowed, denied = targets
+    entry = str(allowed) if ports else allowed.host
+    if mode is NetworkMode.ALLOWLIST:
+        return NetworkPolicy.allowlist(entry)
+    if mode is NetworkMode.DENYLIST:
+        return NetworkPolicy.denylist(str(denied) if ports else denied.host)
+    return NetworkPolicy(network_mode=mode)
+
+
+@anyio_mark
+@pytest.mark.parametrize("mode", list(NetworkMode))
+async def test_conformance_network_mode(
+    corral_environment: BaseEnvironment,
+    corral_plan: ExecutionPlan,
+    corral_egress_targets: list[EgressTarget],
+    corral_connect_command: ConnectCommand,
+    mode: NetworkMode,
+) -> None:
+    """A declared mode is enforced (probed both ways); an undeclared one is refused."""
+    first, second = corral_egress_targets
+    caps = corral_environment.network_capabilities()
+    if mode not in caps.modes:
+        plan = corral_plan.model_copy(
+            update={
+                "network": NetworkSchedule(
+                    baseline=mode.value
+                    if mode in (NetworkMode.PUBLIC, NetworkMode.NO_NETWORK)
+                    else f"{mode.value}:{first}"
+                )
+            }
+        )
+        with pytest.raises(NetworkPolicyUnsupported, match=mode.value):
+            await corral_environment.open(plan)
+        return
+    if mode in (NetworkMode.ALLOWLIST, NetworkMode.DENYLIST) and not caps.target_ports:
+        assert first.host != second.host, "targets must differ by host if ports cannot be matched"
+    policy = _mode_policy(mode, corral_egress_targets, corral_environment)
+    plan = corral_plan.model_copy(update={"network": NetworkSchedule(baseline=policy)})
+    async with corral_environment.session(plan) as sandbox:
+        assert sandbox.policy == policy
+        reach_first = await _reaches(sandbox, corral_connect_command, first)
+        reach_second = await _reaches(sandbox, corral_connect_command, second)
+    expected = {
+        NetworkMode.PUBLIC: (True, True),
+        NetworkMode.NO_NETWORK: (False, False),
+        NetworkMode.ALLOWLIST: (True, False),
+        NetworkMode.DENYLIST: (True, False),
+    }[mode]
+    assert (reach_first, reach_second) == expected, f"{mode.value} not enforced"
+
+
+@anyio_mark
+async def test_conformance_undeclared_switch_refused(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
+) -> None:
+    """A static provider refuses a live switch; a dynamic one switches and reports it."""
+    caps = corral_environment.network_capabilities()
+    target = NetworkPolicy.no_network() if NetworkMode.NO_NETWORK in caps.modes else None
+    async with corral_environment.session(corral_plan) as sandbox:
+        if target is None:
+            return  # public is the only mode: there is nothing to switch to
+        if not caps.dynamic:
+            with pytest.raises(NetworkPolicyUnsupported):
+                await sandbox.set_network_policy(target)
+            assert sandbox.policy == corral_plan.network.baseline
+        else:
+            await sandbox.set_network_policy(target)
+            assert sandbox.policy == target
+
+
+@anyio_mark
+async def test_conformance_close_is_idempotent(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
+) -> None:
+    sandbox = await corral_environment.open(corral_plan)
+    assert (await sandbox.exec(["true"])).returncode == 0
+    await corral_environment.close(sandbox)
+    await corral_environment.close(sandbox)
+    assert sandbox.closed

@@ -1,0 +1,17 @@
+# Component versions for the local test cluster (sourced by build.sh, up.sh, down.sh).
+# Binaries are cached under $CORRAL_CLUSTER_CACHE/<component>-<version>/, keyed by these.
+KUBERNETES_VERSION="${KUBERNETES_VERSION:-v1.34.4}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
+PAUSE_IMAGE_VERSION="1"
+
+CORRAL_CLUSTER_CACHE="${CORRAL_CLUSTER_CACHE:-/var/cache/corral/cluster}"
+CORRAL_GO_CACHE="${CORRAL_GO_CACHE:-/var/cache/corral/go}"
+
+K8S_BIN="$CORRAL_CLUSTER_CACHE/kubernetes-$KUBERNETES_VERSION/bin"
+ETCD_BIN="$CORRAL_CLUSTER_CACHE/etcd-$ETCD_VERSION/bin"
+KUBE_ROUTER_BIN="$CORRAL_CLUSTER_CACHE/kube-router-$KUBE_ROUTER_VERSION/bin"
+IMAGES_DIR="$CORRAL_CLUSTER_CACHE/images-$PAUSE_IMAGE_VERSION"
+
+PAUSE_IMAGE="corral.local/pause:$PAUSE_IMAGE_VERSION"
+TEST_IMAGE="corral.local/test:busybox"

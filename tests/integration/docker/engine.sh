@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Start/stop a Docker engine for corral's integration tests.
+#
+#   engine.sh up      install docker.io/iptables/debootstrap/busybox-static from
+#                     Debian if missing; start dockerd unless one already answers
+#   engine.sh down    stop dockerd, but only if `up` started it (recorded pid)
+#   engine.sh status  say whether the daemon answers and who started it
+#
+# Idempotent. `up` never touches a daemon it did not start; `down` never kills
+# anything but the pid `up` recorded.
+#
+# Environment:
+#   CORRAL_DOCKERD_LOG      dockerd log          (/var/log/corral-dockerd.log)
+#   CORRAL_DOCKERD_PIDFILE  pid of our dockerd   (/run/corral-dockerd.pid)
+#   CORRAL_DOCKERD_WAIT_S   readiness bound, s   (60)
+#   CORRAL_DOCKER_POOL      default-address-pools base (10.201.0.0/16)
+#   CORRAL_DOCKER_POOL_SIZE prefix length of each network in it (28)
+#   CORRAL_DOCKER_IPV6_CIDR fixed-cidr-v6 of the default bridge (fd00:c0:ffee::/64)
+#
+# Address plan (see `ip route` on the test machine: host uses 192.0.2.0/24 and
+# fd00::/64): the daemon's default bridge is 10.200.0.1/24, networks the daemon
+# allocates itself (compose, `docker network create` without --subnet) come
+# from 10.201.0.0/16 in /28 slices (4096 networks). corral's own sandbox
+# networks should use explicit subnets from a different range (e.g.
+# 10.202.0.0/16) so that neither side collides with the other.
+set -euo pipefail
+
+LOG=${CORRAL_DOCKERD_LOG:-/var/log/corral-dockerd.log}
+PIDFILE=${CORRAL_DOCKERD_PIDFILE:-/run/corral-dockerd.pid}
+WAIT_S=${CORRAL_DOCKERD_WAIT_S:-60}
+POOL=${CORRAL_DOCKER_POOL:-10.201.0.0/16}
+POOL_SIZE=${CORRAL_DOCKER_POOL_SIZE:-28}
+BIP=${CORRAL_DOCKER_BIP:-10.200.0.1/24}
+V6CIDR=${CORRAL_DOCKER_IPV6_CIDR:-fd00:c0:ffee::/64}
+CONFIG=${CORRAL_DOCKERD_CONFIG:-/etc/docker/daemon.json}
+# Marker: `up` found a daemon it did not start (so `down` leaves it alone).
+FOREIGN_MARK=/run/corral-dockerd.foreign
+
+log() { printf 'engine.sh: %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+docker_answers() { timeout 10 docker info >/dev/null 2>&1; }
+
+our_pid() {
+    # Prints the recorded pid if that process is still a dockerd.
+    [[ -s $PIDFILE ]] || return 1
+    local pid
+    pid=$(<"$PIDFILE")
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    [[ -r /proc/$pid/comm && $(</proc/"$pid"/comm) == dockerd ]] || return 1
+    printf '%s\n' "$pid"
+}
+
+install_missing() {
+    local pkgs=()
+    command -v dockerd >/dev/null || pkgs+=(docker.io)
+    command -v iptables >/dev/null || pkgs+=(iptables)
+    command -v debootstrap >/dev/null || pkgs+=(debootstrap)
+    [[ -x /bin/busybox ]] || pkgs+=(busybox-static)
+    command -v tini >/dev/null || pkgs+=(tini)
+    if ((${#pkgs[@]})); then
+        log "installing from Debian: ${pkgs[*]}"
+        [[ $(id -u) == 0 ]] || die "need root to install ${pkgs[*]}"
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 \
+            install -y --no-install-recommends "${pkgs[@]}" >&2
+    fi
+    command -v docker >/dev/null || die "no docker client on PATH after install"
+}
+
+write_config() {
+    # Written only when absent or when it is ours (carries the marker label;
+    # dockerd rejects unknown keys), so a hand-made daemon.json is kept.
+    if [[ -e $CONFIG ]] && ! grep -q 'corral-managed=engine.sh' "$CONFIG" 2>/dev/null; then
+        log "keeping existing $CONFIG (not written by engine.sh)"
+        return
+    fi
+    mkdir -p "$(dirname "$CONFIG")"
+    cat >"$CONFIG.tmp" <<EOF
+{
+  "labels": ["corral-managed=engine.sh"],
+  "bip": "$BIP",
+  "default-address-pools": [{"base": "$POOL", "size": $POOL_SIZE}],
+  "ipv6": true,
+  "fixed-cidr-v6": "$V6CIDR",
+  "experimental": true,
+  "ip6tables": true,
+  "log-driver": "json-file",
+  "log-opts": {"max-size": "10m", "max-file": "2"}
+}
+EOF
+    mv "$CONFIG.tmp" "$CONFIG"
+}
+
+cmd_up() {
+    install_missing
+    if docker_answers; then
+        if our_pid >/dev/null; then
+            log "dockerd already running (started by engine.sh, pid $(our_pid))"
+        else
+            log "a docker daemon already answers; not starting one (down will leave it alone)"
+            : >"$FOREIGN_MARK"
+        fi
+        return 0
+    fi
+    rm -f "$FOREIGN_MARK"
+    if pid=$(our_pid); then
+        die "dockerd pid $pid (ours) is alive but does not answer; see $LOG"
+    fi
+    write_config
+    log "starting dockerd (log $LOG, pid file $PIDFILE)"
+    mkdir -p "$(dirname "$LOG")" "$(dirname "$PIDFILE")"
+    # setsid: own session, so the caller's terminal signals cannot reach it.
+    # dockerd writes its own pid to $PIDFILE (and removes it on clean exit);
+    # we also write $! at once so a failed start can still be cleaned up.
+    rm -f "$PIDFILE"
+    setsid dockerd --config-file "$CONFIG" --pidfile "$PIDFILE" >>"$LOG" 2>&1 </dev/null &
+    local pid=$!
+    local t0=$SECONDS
+    until docker_answers; do
+        if ! kill -0 "$pid" 2>/dev/null && ! our_pid >/dev/null; then
+            rm -f "$PIDFILE"
+            tail -n 30 "$LOG" >&2 || true
+            die "dockerd exited during startup; see $LOG"
+        fi
+        if ((SECONDS - t0 >= WAIT_S)); then
+            tail -n 30 "$LOG" >&2 || true
+            die "dockerd (pid $pid) did not answer within ${WAIT_S}s; see $LOG (still running; 'engine.sh down' stops it)"
+        fi
+        sleep 0.5
+    done
+    pid=$(our_pid) || die "dockerd answers but $PIDFILE does not name a dockerd"
+    log "dockerd ready in $((SECONDS - t0))s (pid $pid, server $(docker version -f '{{.Server.Version}}' 2>/dev/null))"
+}
+
+cmd_down() {
+    local pid
+    if ! pid=$(our_pid); then
+        rm -f "$PIDFILE"
+        if [[ -e $FOREIGN_MARK ]]; then
+            log "the daemon was not started by engine.sh; leaving it running"
+        else
+            log "no dockerd started by engine.sh is running"
+        fi
+        return 0
+    fi
+    log "stopping dockerd pid $pid"
+    kill -TERM "$pid"
+    local t0=$SECONDS
+    while kill -0 "$pid" 2>/dev/null; do
+        if ((SECONDS - t0 >= 30)); then
+            log "dockerd pid $pid ignored SIGTERM for 30s; sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            break
+        fi
+        sleep 0.5
+    done
+    rm -f "$PIDFILE"
+    log "dockerd stopped"
+}
+
+cmd_status() {
+    if docker_answers; then
+        if pid=$(our_pid); then echo "running (engine.sh, pid $pid)"; else echo "running (not started by engine.sh)"; fi
+    else
+        echo "not answering"
+        return 1
+    fi
+}
+
+case ${1:-} in
+    up) cmd_up ;;
+    down) cmd_down ;;
+    status) cmd_status ;;
+    *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac
