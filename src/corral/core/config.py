@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic.fields import FieldInfo
@@ -51,8 +51,11 @@ class FieldDoc(NamedTuple):
 
 def _type_name(info: FieldInfo) -> str:
     annotation = info.annotation
-    text = getattr(annotation, "__name__", None) or str(annotation)
-    return text.replace("typing.", "").replace("NoneType", "None")
+    if get_args(annotation) or not isinstance(annotation, type):
+        text = str(annotation)
+    else:
+        text = annotation.__name__
+    return text.replace("typing.", "").replace("pathlib.", "").replace("NoneType", "None")
 
 
 def config_docs(model: type[RuntimeEnvironmentConfig]) -> list[FieldDoc]:

@@ -95,6 +95,15 @@ class BaseEnvironment(abc.ABC):
             dynamic=cls.supports_dynamic_network_policy,
         )
 
+    @classmethod
+    def engine_answers(cls) -> bool:
+        """Whether the provider's engine or cluster answers with default settings."""
+        return True
+
+    def default_demo_image(self) -> str | None:
+        """The image `corral demo` uses when none is given."""
+        return None
+
     def prepare(self, plan: ExecutionPlan) -> ExecutionPlan:
         """Apply the matching recipe, resolve image and resources, check the schedule."""
         plan = self.recipes.apply(plan, self.id).resolved()

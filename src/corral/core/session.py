@@ -133,6 +133,10 @@ class EnvironmentSession(abc.ABC):
         """A URL reachable from the caller for `port` in the sandbox, or None."""
         return None
 
+    async def host_gateway(self) -> str | None:
+        """The address at which the sandbox reaches the caller's host, or None."""
+        return None
+
     async def set_network_policy(self, policy: NetworkPolicy | str) -> None:
         """Switch the policy in force, atomically; on error the old policy stays."""
         new = NetworkPolicy.model_validate(policy)

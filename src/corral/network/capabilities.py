@@ -20,7 +20,7 @@ class NetworkCapabilities(BaseModel):
 
     def _supported(self) -> str:
         modes = ", ".join(sorted(m.value for m in self.modes)) or "none"
-        return f"provider {self.provider!r} supports network modes: {modes}"
+        return f"provider {self.provider!r} cannot enforce (it supports: {modes})"
 
     def check_policy(self, policy: NetworkPolicy, phase: Phase) -> None:
         """Raise `NetworkPolicyUnsupported` unless every part of `policy` is enforceable."""

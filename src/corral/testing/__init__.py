@@ -4,6 +4,6 @@ Fixtures come from `corral.testing.plugin` (loaded automatically through the `py
 entry point); the tests live in `corral.testing.conformance`.
 """
 
-from corral.testing.plugin import EgressTarget, serve_tcp
+from corral.testing.servers import serve_tcp, stop_server
 
-__all__ = ["EgressTarget", "serve_tcp"]
+__all__ = ["serve_tcp", "stop_server"]

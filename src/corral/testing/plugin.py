@@ -7,13 +7,12 @@ and star-imports `corral.testing.conformance`.
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import pytest
+
+from corral.testing.servers import serve_tcp, stop_server
 
 
 class EgressTarget(NamedTuple):
@@ -28,32 +27,6 @@ class EgressTarget(NamedTuple):
 
 ConnectCommand = Callable[[EgressTarget], list[str]]
 ServeCommand = Callable[[int, str], list[str]]
-
-
-def serve_tcp(host: str = "127.0.0.1") -> tuple[socket.socket, threading.Thread]:
-    """A loopback listener that accepts, answers `ok` and closes, until its socket closes."""
-    server = socket.create_server((host, 0))
-
-    def loop() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.sendall(b"ok\n")
-
-    thread = threading.Thread(target=loop, daemon=True, name="corral-egress-target")
-    thread.start()
-    return server, thread
-
-
-def stop_server(server: socket.socket, thread: threading.Thread) -> None:
-    # shutdown() wakes the thread blocked in accept(); close() alone would not.
-    with contextlib.suppress(OSError):
-        server.shutdown(socket.SHUT_RDWR)
-    server.close()
-    thread.join(timeout=5)
 
 
 @pytest.fixture

@@ -121,6 +121,9 @@ class LocalSession(EnvironmentSession):
             return None  # each exec has its own namespace; nothing there is reachable
         return f"http://127.0.0.1:{port}"
 
+    async def host_gateway(self) -> str | None:
+        return None if self.policy.network_mode is NetworkMode.NO_NETWORK else "127.0.0.1"
+
     def _existing(self, remote: str) -> Path:
         path = self._path(remote)
         if not path.exists():

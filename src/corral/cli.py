@@ -1,0 +1,177 @@
+"""The `corral` command line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated, Any
+
+import anyio
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from corral.core.config import config_docs
+from corral.core.environment import ENVIRONMENTS, BaseEnvironment
+from corral.core.plan import ExecutionPlan
+from corral.demo import DemoRow, run_demo
+from corral.errors import CorralError
+from corral.network.policy import NetworkSchedule
+
+app = typer.Typer(help="Sandbox environments for agent harnesses.", no_args_is_help=True)
+list_app = typer.Typer(help="List things corral knows about.", no_args_is_help=True)
+config_app = typer.Typer(help="Configuration reference.", no_args_is_help=True)
+docs_app = typer.Typer(help="Document a config model.", no_args_is_help=True)
+app.add_typer(list_app, name="list")
+app.add_typer(config_app, name="config")
+config_app.add_typer(docs_app, name="docs")
+
+console = Console()
+EnvOption = Annotated[str, typer.Option("--env", help="provider id, see `corral list env`")]
+ParamOption = Annotated[
+    list[str] | None,
+    typer.Option("--param", "-p", help="provider config field as KEY=VALUE (repeatable)"),
+]
+
+
+def _params(pairs: list[str] | None) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--param {pair!r} must be KEY=VALUE")
+        params[key] = value
+    return params
+
+
+def _create(env_id: str, pairs: list[str] | None) -> BaseEnvironment:
+    try:
+        return ENVIRONMENTS.create(env_id, **_params(pairs))
+    except (CorralError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+
+
+@app.callback()
+def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(message)s",
+    )
+
+
+@list_app.command("env")
+def list_env() -> None:
+    """Every provider: installed or why not, and what it can enforce."""
+    table = Table("id", "installed", "network modes", "entry types", "ports", "dynamic")
+    for env_id in ENVIRONMENTS.ids():
+        status = ENVIRONMENTS.status(env_id)
+        if status.provider is None:
+            table.add_row(env_id, escape(f"no: {status.reason}"), "", "", "", "")
+            continue
+        caps = status.provider.network_capabilities()
+        table.add_row(
+            env_id,
+            "yes",
+            ", ".join(sorted(m.value for m in caps.modes)),
+            ", ".join(sorted(t.value for t in caps.entry_types)) or "-",
+            "yes" if caps.target_ports else "no",
+            "yes" if caps.dynamic else "no",
+        )
+    console.print(table)
+
+
+@docs_app.command("env")
+def docs_env(env_id: Annotated[str, typer.Argument(help="provider id")]) -> None:
+    """Every config field of a provider: name, type with unit, default, description."""
+    try:
+        provider = ENVIRONMENTS.get(env_id)
+    except CorralError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    model = provider.config_model
+    console.print(f"[bold]{env_id}[/bold]: {model.__name__}. {(model.__doc__ or '').strip()}")
+    table = Table("field", "type", "default", "description")
+    for doc in config_docs(model):
+        table.add_row(*(escape(part) for part in doc))
+    console.print(table)
+    for group in model.mutually_exclusive:
+        console.print(f"mutually exclusive: {', '.join(group)}")
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def run(
+    command: Annotated[list[str], typer.Argument(help="command to run, after --")],
+    env_id: EnvOption = "local",
+    image: Annotated[str | None, typer.Option(help="image to run")] = None,
+    network: Annotated[
+        str, typer.Option(help="policy: public, no-network, allowlist:a,b")
+    ] = "public",
+    timeout: Annotated[
+        float | None, typer.Option(help="seconds before the command is killed")
+    ] = None,
+    param: ParamOption = None,
+) -> None:
+    """Run one command in a fresh sandbox; the exit code is the command's."""
+    env = _create(env_id, param)
+    try:
+        plan = ExecutionPlan(image=image, network=NetworkSchedule.model_validate(network))
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+
+    def relay(stream: str, text: str) -> None:
+        (sys.stdout if stream == "stdout" else sys.stderr).write(text)
+
+    async def go() -> int:
+        async with env.session(plan) as sandbox:
+            result = await sandbox.exec(command, timeout=timeout, on_output=relay)
+        return 124 if result.returncode is None else result.returncode
+
+    try:
+        code = anyio.run(go)
+    except CorralError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+def _best_env() -> str:
+    status = ENVIRONMENTS.status("docker")
+    if status.provider is not None and status.provider.engine_answers():
+        return "docker"
+    return "local"
+
+
+@app.command()
+def demo(
+    env_id: Annotated[str | None, typer.Option("--env", help="default: docker if up")] = None,
+    image: Annotated[str | None, typer.Option(help="image for container providers")] = None,
+    param: ParamOption = None,
+) -> None:
+    """Open a sandbox, run commands, round-trip a directory, probe every network mode."""
+    chosen = env_id or _best_env()
+    env = _create(chosen, param)
+    plan = ExecutionPlan(image=image or env.default_demo_image())
+    console.print(f"corral demo on [bold]{chosen}[/bold]")
+    table = Table("step", "observed", "seconds", "ok")
+
+    def report(row: DemoRow) -> None:
+        mark = "[green]yes[/green]" if row.passed else "[red]NO[/red]"
+        table.add_row(row.step, row.outcome, f"{row.seconds:.2f}", mark)
+
+    rows = anyio.run(run_demo, env, plan, report)
+    console.print(table)
+    if not all(row.passed for row in rows):
+        raise typer.Exit(1)
+
+
+@app.command()
+def gc(env_id: EnvOption, param: ParamOption = None) -> None:
+    """Remove expired resources carrying corral's labels for this owner, nothing else."""
+    env = _create(env_id, param)
+    removed = anyio.run(env.gc)
+    for item in removed:
+        console.print(f"removed {item}")
+    console.print(f"{len(removed)} expired resource(s) removed")

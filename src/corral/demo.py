@@ -1,0 +1,123 @@
+"""`corral demo`: open a sandbox, use it, and show each declared network mode enforced."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import NamedTuple
+
+from corral.core.environment import BaseEnvironment
+from corral.core.plan import ExecutionPlan
+from corral.core.session import EnvironmentSession
+from corral.network.policy import NetworkMode, NetworkPolicy, NetworkSchedule
+from corral.testing.servers import serve_tcp, stop_server
+
+
+class DemoRow(NamedTuple):
+    step: str
+    outcome: str
+    seconds: float
+    passed: bool
+
+
+async def run_demo(
+    env: BaseEnvironment, plan: ExecutionPlan, report: Callable[[DemoRow], None]
+) -> list[DemoRow]:
+    """Run every step, report each row as it completes, and return them all."""
+    rows: list[DemoRow] = []
+
+    async def step(name: str, body: Callable[[], Awaitable[tuple[str, bool]]]) -> None:
+        started = time.monotonic()
+        try:
+            outcome, passed = await body()
+        except Exception as exc:
+            outcome, passed = f"error: {exc}", False
+        row = DemoRow(name, outcome, time.monotonic() - started, passed)
+        rows.append(row)
+        report(row)
+
+    sandbox: EnvironmentSession | None = None
+
+    async def open_sandbox() -> tuple[str, bool]:
+        nonlocal sandbox
+        sandbox = await env.open(plan)
+        return f"sandbox {sandbox.id} ({env.id}, image {sandbox.image})", True
+
+    await step("open", open_sandbox)
+    if sandbox is None:
+        return rows
+    opened: EnvironmentSession = sandbox
+    try:
+
+        async def run_commands() -> tuple[str, bool]:
+            listing = await opened.exec(["uname", "-sr"])
+            shell = await opened.exec("echo $((6 * 7)); exit 3")
+            ok = listing.returncode == 0 and shell.stdout.strip() == "42"
+            return f"uname: {listing.stdout.strip()}; sh exit code {shell.returncode}", ok
+
+        async def round_trip() -> tuple[str, bool]:
+            with tempfile.TemporaryDirectory(prefix="corral-demo-") as tmp:
+                source = Path(tmp) / "in"
+                (source / "nested").mkdir(parents=True)
+                for i in range(20):
+                    (source / "nested" / f"f{i}.txt").write_text(f"file {i}\n")
+                root = (await opened.exec(["pwd"])).stdout.strip()
+                await opened.upload_dir(source, f"{root}/demo")
+                await opened.download_dir(f"{root}/demo", Path(tmp) / "out")
+                same = all(
+                    (Path(tmp) / "out" / "nested" / f"f{i}.txt").read_text() == f"file {i}\n"
+                    for i in range(20)
+                )
+            return f"20 files up and back, exact root: {same}", same
+
+        await step("exec", run_commands)
+        await step("directory round trip", round_trip)
+    finally:
+        await env.close(opened)
+    for mode in sorted(env.network_capabilities().modes, key=list(NetworkMode).index):
+        await step(f"network {mode.value}", lambda mode=mode: _probe_mode(env, plan, mode))
+    return rows
+
+
+async def _probe_mode(
+    env: BaseEnvironment, plan: ExecutionPlan, mode: NetworkMode
+) -> tuple[str, bool]:
+    allowed, allowed_thread = serve_tcp("0.0.0.0")
+    denied, denied_thread = serve_tcp("0.0.0.0")
+    try:
+        probe_plan = plan.model_copy(update={"network": NetworkSchedule(baseline="public")})
+        async with env.session(probe_plan) as probe:
+            gateway = await probe.host_gateway()
+        if gateway is None:
+            return "no route to a host listener to probe with", False
+        ports = (allowed.getsockname()[1], denied.getsockname()[1])
+        targets = [f"{gateway}:{p}" for p in ports]
+        policy = {
+            NetworkMode.PUBLIC: NetworkPolicy.public(),
+            NetworkMode.NO_NETWORK: NetworkPolicy.no_network(),
+            NetworkMode.ALLOWLIST: NetworkPolicy.allowlist(targets[0]),
+            NetworkMode.DENYLIST: NetworkPolicy.denylist(targets[1]),
+        }[mode]
+        run_plan = plan.model_copy(update={"network": NetworkSchedule(baseline=policy)})
+        async with env.session(run_plan) as sandbox:
+            seen = [await _connects(sandbox, gateway, p) for p in ports]
+        expected = {
+            NetworkMode.PUBLIC: [True, True],
+            NetworkMode.NO_NETWORK: [False, False],
+            NetworkMode.ALLOWLIST: [True, False],
+            NetworkMode.DENYLIST: [True, False],
+        }[mode]
+        shown = ", ".join(
+            f"{t} {'connected' if ok else 'refused'}" for t, ok in zip(targets, seen, strict=True)
+        )
+        return f"{policy}: {shown}", seen == expected
+    finally:
+        stop_server(allowed, allowed_thread)
+        stop_server(denied, denied_thread)
+
+
+async def _connects(sandbox: EnvironmentSession, host: str, port: int) -> bool:
+    result = await sandbox.exec(["nc", "-z", "-w", "3", host, str(port)], timeout=20)
+    return result.returncode == 0
