@@ -38,17 +38,17 @@ async def run_demo(
         rows.append(row)
         report(row)
 
-    sandbox: EnvironmentSession | None = None
+    holder: list[EnvironmentSession] = []
 
     async def open_sandbox() -> tuple[str, bool]:
-        nonlocal sandbox
         sandbox = await env.open(plan)
+        holder.append(sandbox)
         return f"sandbox {sandbox.id} ({env.id}, image {sandbox.image})", True
 
     await step("open", open_sandbox)
-    if sandbox is None:
+    if not holder:
         return rows
-    opened: EnvironmentSession = sandbox
+    opened = holder[0]
     try:
 
         async def run_commands() -> tuple[str, bool]:
@@ -87,7 +87,9 @@ async def _probe_mode(
     allowed, allowed_thread = serve_tcp("0.0.0.0")
     denied, denied_thread = serve_tcp("0.0.0.0")
     try:
-        probe_plan = plan.model_copy(update={"network": NetworkSchedule(baseline="public")})
+        probe_plan = plan.model_copy(
+            update={"network": NetworkSchedule(baseline=NetworkPolicy.public())}
+        )
         async with env.session(probe_plan) as probe:
             gateway = await probe.host_gateway()
         if gateway is None:

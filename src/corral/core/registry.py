@@ -40,7 +40,7 @@ class EnvironmentRegistry:
 
     def register(self, cls: type[BaseEnvironment]) -> type[BaseEnvironment]:
         """Register a provider class directly (also usable as a decorator)."""
-        self._check(cls, cls.id)
+        self._check(cls, getattr(cls, "id", None))
         self._loaded[cls.id] = cls
         self._errors.pop(cls.id, None)
         return cls
@@ -88,7 +88,7 @@ class EnvironmentRegistry:
         """Build provider `env_id` from validated config parameters."""
         return self.get(env_id)(**params)
 
-    def _check(self, cls: object, env_id: str) -> None:
+    def _check(self, cls: object, env_id: str | None) -> None:
         if not (isinstance(cls, type) and issubclass(cls, self._base)):
             raise ConfigError(f"environment {env_id!r} does not name a BaseEnvironment subclass")
         if cls.id != env_id:

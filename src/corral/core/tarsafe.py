@@ -126,6 +126,11 @@ def extract_tar(chunks: Iterable[bytes], dest: str | Path, *, strip: str | None 
                 if member.islnk():
                     linkname = _strip(member.linkname, strip)
                     member.linkname = linkname if linkname is not None else member.linkname
+                pure = PurePosixPath(member.name)
+                if pure.is_absolute() or ".." in pure.parts:
+                    raise UnsafeArchiveMember(
+                        f"archive member {member.name!r} would land outside {str(target)!r}"
+                    )
                 try:
                     safe = tarfile.data_filter(member, str(staging))
                 except tarfile.FilterError as exc:

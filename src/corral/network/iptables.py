@@ -69,8 +69,7 @@ def _render_family(
         body += reject
     else:
         for rule in _family(rules, family):
-            for r in reject:
-                body += _match(rule, r.removeprefix("-p tcp "), tcp_only="-p tcp" in r)
+            body += _deny(rule, reject_icmp)
         body.append("-j ACCEPT")
     lines = [
         "*filter",
@@ -90,9 +89,18 @@ def _family(rules: list[AddressRule], family: int) -> list[AddressRule]:
     return [r for r in rules if r.network.version == family]
 
 
-def _match(rule: AddressRule, action: str, *, tcp_only: bool = False) -> list[str]:
+def _match(rule: AddressRule, action: str) -> list[str]:
     dest = f"-d {rule.network}"
     if rule.port is None:
-        return [f"{dest} -p tcp {action}" if tcp_only else f"{dest} {action}"]
-    protos = ("tcp",) if tcp_only else ("tcp", "udp")
-    return [f"{dest} -p {proto} --dport {rule.port} {action}" for proto in protos]
+        return [f"{dest} {action}"]
+    return [f"{dest} -p {proto} --dport {rule.port} {action}" for proto in ("tcp", "udp")]
+
+
+def _deny(rule: AddressRule, reject_icmp: str) -> list[str]:
+    dest = f"-d {rule.network}"
+    port = "" if rule.port is None else f" --dport {rule.port}"
+    other = f"{dest} -p udp{port}" if rule.port is not None else dest
+    return [
+        f"{dest} -p tcp{port} -j REJECT --reject-with tcp-reset",
+        f"{other} -j REJECT --reject-with {reject_icmp}",
+    ]

@@ -47,14 +47,14 @@ class NetworkPolicy(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> NetworkPolicy:
         mode = self.network_mode
-        if mode is NetworkMode.ALLOWLIST and not self.allowed_hosts:
-            raise ValueError("allowlist policy needs at least one entry in allowed_hosts")
-        if mode is NetworkMode.DENYLIST and not self.denied_hosts:
-            raise ValueError("denylist policy needs at least one entry in denied_hosts")
         if self.allowed_hosts and mode is not NetworkMode.ALLOWLIST:
             raise ValueError(f"allowed_hosts is only valid in allowlist mode, not {mode.value!r}")
         if self.denied_hosts and mode is not NetworkMode.DENYLIST:
             raise ValueError(f"denied_hosts is only valid in denylist mode, not {mode.value!r}")
+        if mode is NetworkMode.ALLOWLIST and not self.allowed_hosts:
+            raise ValueError("allowlist policy needs at least one entry in allowed_hosts")
+        if mode is NetworkMode.DENYLIST and not self.denied_hosts:
+            raise ValueError("denylist policy needs at least one entry in denied_hosts")
         object.__setattr__(self, "allowed_hosts", _dedupe(self.allowed_hosts))
         object.__setattr__(self, "denied_hosts", _dedupe(self.denied_hosts))
         return self

@@ -354,14 +354,10 @@ async def test_conformance_network_mode(
     first, second = corral_egress_targets
     caps = corral_environment.network_capabilities()
     if mode not in caps.modes:
+        simple = mode in (NetworkMode.PUBLIC, NetworkMode.NO_NETWORK)
+        baseline = mode.value if simple else f"{mode.value}:{first}"
         plan = corral_plan.model_copy(
-            update={
-                "network": NetworkSchedule(
-                    baseline=mode.value
-                    if mode in (NetworkMode.PUBLIC, NetworkMode.NO_NETWORK)
-                    else f"{mode.value}:{first}"
-                )
-            }
+            update={"network": NetworkSchedule.model_validate({"baseline": baseline})}
         )
         with pytest.raises(NetworkPolicyUnsupported, match=mode.value):
             await corral_environment.open(plan)

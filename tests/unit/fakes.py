@@ -1,0 +1,100 @@
+"""An in-memory dynamic provider for unit tests of the base lifecycle (never the only test)."""
+
+from __future__ import annotations
+
+import itertools
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import ClassVar
+
+import anyio
+
+from corral.core.environment import BaseEnvironment
+from corral.core.plan import ExecutionPlan
+from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback
+from corral.network.policy import NetworkMode, NetworkPolicy
+from corral.network.targets import EntryType
+
+_ids = itertools.count()
+
+
+class FakeSession(EnvironmentSession):
+    def __init__(self, env: FakeEnvironment, policy: NetworkPolicy) -> None:
+        super().__init__(id=f"fake{next(_ids):08d}", policy=policy)
+        self.fake = env
+
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> ExecResult:
+        return ExecResult(returncode=0, stdout="", stderr="", duration_s=0.0)
+
+    async def upload(self, local: str | Path, remote: str) -> None:
+        raise NotImplementedError
+
+    async def download(self, remote: str, local: str | Path) -> None:
+        raise NotImplementedError
+
+    async def upload_dir(self, local_dir: str | Path, remote_dir: str) -> None:
+        raise NotImplementedError
+
+    async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None:
+        raise NotImplementedError
+
+    async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
+        if policy.network_mode in self.fake.fail_modes:
+            raise RuntimeError(f"cannot apply {policy.network_mode.value}")
+        self.fake.applied.append((self.id, policy.network_mode.value))
+
+
+class FakeEnvironment(BaseEnvironment):
+    """Creates `steps` named resources; can fail or hang at a given step."""
+
+    id: ClassVar[str] = "fake"
+    supported_network_modes = frozenset(NetworkMode)
+    supported_allowlist_entry_types = frozenset(EntryType)
+    supports_network_target_ports = True
+    supports_dynamic_network_policy = True
+    max_concurrent_opens = 2
+
+    def __init__(
+        self,
+        *,
+        steps: int = 3,
+        fail_at: int | None = None,
+        hang_at: int | None = None,
+        fail_modes: frozenset[NetworkMode] = frozenset(),
+    ) -> None:
+        super().__init__()
+        self.steps = steps
+        self.fail_at = fail_at
+        self.hang_at = hang_at
+        self.fail_modes = fail_modes
+        self.live: set[str] = set()
+        self.applied: list[tuple[str, str]] = []
+        self.concurrent = 0
+        self.max_seen = 0
+
+    async def _open(self, plan: ExecutionPlan, owned: AsyncExitStack) -> EnvironmentSession:
+        self.concurrent += 1
+        self.max_seen = max(self.max_seen, self.concurrent)
+        try:
+            for step in range(self.steps):
+                if step == self.fail_at:
+                    raise RuntimeError(f"step {step} failed")
+                if step == self.hang_at:
+                    await anyio.sleep_forever()
+                await anyio.sleep(0.01)
+                name = f"resource-{next(_ids)}-{step}"
+                self.live.add(name)
+                owned.callback(self.live.discard, name)
+            return FakeSession(self, plan.network.baseline)
+        finally:
+            self.concurrent -= 1

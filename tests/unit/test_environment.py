@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import anyio
+import pytest
+
+from corral import (
+    ENVIRONMENTS,
+    BaseEnvironment,
+    ConfigError,
+    EnvironmentSession,
+    ExecutionPlan,
+    NetworkPolicyUnsupported,
+    StartupTimeout,
+    Timeouts,
+)
+from tests.unit.fakes import FakeEnvironment
+
+pytestmark = pytest.mark.anyio
+
+
+def test_open_and_close_are_final() -> None:
+    with pytest.raises(TypeError, match="final"):
+
+        class Sneaky(BaseEnvironment):  # pyright: ignore[reportUnusedClass]
+            id = "sneaky"
+
+            async def open(self, plan: ExecutionPlan) -> EnvironmentSession:  # type: ignore[override]
+                raise AssertionError
+
+            async def _open(self, plan: ExecutionPlan, owned: AsyncExitStack) -> EnvironmentSession:
+                raise AssertionError
+
+
+async def test_close_unwinds_exactly_what_open_created() -> None:
+    env = FakeEnvironment(steps=3)
+    session = await env.open(ExecutionPlan())
+    assert len(env.live) == 3
+    await env.close(session)
+    assert env.live == set()
+    await env.close(session)  # idempotent
+    assert session.closed
+
+
+@pytest.mark.parametrize("step", [0, 1, 2, 3])
+async def test_failure_at_any_step_leaves_nothing(step: int) -> None:
+    env = FakeEnvironment(steps=4, fail_at=step)
+    with pytest.raises(RuntimeError, match=f"step {step} failed"):
+        await env.open(ExecutionPlan())
+    assert env.live == set()
+
+
+@pytest.mark.parametrize("step", [0, 1, 2])
+async def test_cancellation_at_any_step_leaves_nothing(step: int) -> None:
+    env = FakeEnvironment(steps=3, hang_at=step)
+    with anyio.move_on_after(0.2) as scope:
+        await env.open(ExecutionPlan())
+    assert scope.cancelled_caught
+    assert env.live == set()
+
+
+async def test_startup_deadline_is_enforced_and_named() -> None:
+    env = FakeEnvironment(steps=3, hang_at=1)
+    plan = ExecutionPlan(timeouts=Timeouts(startup_s=0.2))
+    with pytest.raises(StartupTimeout, match=r"startup_s=0\.2"):
+        await env.open(plan)
+    assert env.live == set()
+
+
+async def test_close_under_cancellation_still_unwinds() -> None:
+    env = FakeEnvironment(steps=3)
+    session = await env.open(ExecutionPlan())
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await env.close(session)
+    assert env.live == set()
+
+
+async def test_open_limiter_bounds_concurrency() -> None:
+    env = FakeEnvironment(steps=5)
+    sessions: list[EnvironmentSession] = []
+
+    async def one() -> None:
+        sessions.append(await env.open(ExecutionPlan()))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(8):
+            tg.start_soon(one)
+    assert env.max_seen == FakeEnvironment.max_concurrent_opens
+    for s in sessions:
+        await env.close(s)
+    assert env.live == set()
+
+
+async def test_unsupported_policy_fails_before_anything_is_created() -> None:
+    env = ENVIRONMENTS.create("local")
+    plan = ExecutionPlan(network={"baseline": "allowlist:example.com"})  # type: ignore[arg-type]
+    with pytest.raises(NetworkPolicyUnsupported, match=r"'baseline'.*allowlist.*supports"):
+        await env.open(plan)
+
+
+def test_registry_lists_and_creates() -> None:
+    assert {"local", "docker", "k8s"} <= set(ENVIRONMENTS.ids())
+    env = ENVIRONMENTS.create("local", owner="team-a")
+    assert env.config.owner == "team-a"
+    with pytest.raises(ConfigError, match="'nope'"):
+        ENVIRONMENTS.create("nope")
+
+
+def test_registry_rejects_bad_config_keys() -> None:
+    with pytest.raises(ValueError, match="no_such_field"):
+        ENVIRONMENTS.create("local", no_such_field=1)
+    with pytest.raises(ValueError, match="root_dir"):
+        ENVIRONMENTS.create("local", root_dir="/definitely/not/here")
+
+
+def test_register_checks_ids() -> None:
+    with pytest.raises(ConfigError, match="BaseEnvironment"):
+        ENVIRONMENTS.register(int)  # type: ignore[arg-type]

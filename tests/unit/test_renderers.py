@@ -1,0 +1,80 @@
+"""Golden-file tests of the two pure renderers. Regenerate with CORRAL_UPDATE_GOLDEN=1."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from corral import NetworkPolicy
+from corral.errors import NetworkPolicyUnsupported
+from corral.network import Resolution, render_iptables, render_network_policy
+
+GOLDEN = Path(__file__).parent / "golden"
+
+RESOLVED = Resolution(
+    addresses={
+        "api.example.com": (
+            ipaddress.ip_address("203.0.113.10"),
+            ipaddress.ip_address("2001:db8::10"),
+        ),
+        "blocked.example.com": (ipaddress.ip_address("198.51.100.7"),),
+    },
+    dns_servers=(ipaddress.ip_address("127.0.0.11"), ipaddress.ip_address("10.96.0.10")),
+)
+
+CASES = {
+    "public": NetworkPolicy.public(),
+    "no-network": NetworkPolicy.no_network(),
+    "allowlist": NetworkPolicy.allowlist(
+        "api.example.com:443", "10.20.0.0/16", "[2001:db8::53]:53"
+    ),
+    "allowlist-addresses-only": NetworkPolicy.allowlist("192.0.2.1"),
+    "denylist": NetworkPolicy.denylist("blocked.example.com", "192.0.2.0/24:22", "2001:db8::/32"),
+}
+
+
+def _check(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("CORRAL_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}; run with CORRAL_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{name} differs from its golden file"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_iptables_golden(case: str) -> None:
+    payload = render_iptables(CASES[case], RESOLVED)
+    _check(f"{case}.iptables", payload.ipv4)
+    _check(f"{case}.ip6tables", payload.ipv6)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_network_policy_golden(case: str) -> None:
+    manifest = render_network_policy(
+        CASES[case], RESOLVED, {"corral.session": "abc123def456"}, name="corral-abc123def456"
+    )
+    _check(f"{case}.networkpolicy.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def test_no_network_closes_the_embedded_resolver() -> None:
+    v4 = render_iptables(NetworkPolicy.no_network(), RESOLVED).ipv4
+    lines = v4.splitlines()
+    reject_dns = lines.index(
+        "-A CORRAL-EGRESS -d 127.0.0.11/32 -j REJECT --reject-with icmp-port-unreachable"
+    )
+    assert reject_dns < lines.index("-A CORRAL-EGRESS -o lo -j ACCEPT")
+    assert lines[-2:] == [
+        "-A CORRAL-EGRESS -j REJECT --reject-with icmp-port-unreachable",
+        "COMMIT",
+    ]
+
+
+def test_unresolved_hostname_is_an_error() -> None:
+    with pytest.raises(ValueError, match=r"'other\.example\.com' was not resolved"):
+        render_iptables(NetworkPolicy.allowlist("other.example.com"), RESOLVED)
+    with pytest.raises(NetworkPolicyUnsupported, match=r"\*\.example\.com"):
+        render_iptables(NetworkPolicy.allowlist("*.example.com"), RESOLVED)
