@@ -24,42 +24,56 @@ _BLOCK = tarfile.BLOCKSIZE
 def pack_dir(root: str | Path) -> Iterator[bytes]:
     """A tar of the contents of `root`, names relative to it, in chunks."""
     base = Path(root)
+    for path, arcname in _walk(base):
+        yield from _pack_member(path, arcname)
+    yield b"\0" * (_BLOCK * 2)
+
+
+def _walk(base: Path) -> Iterator[tuple[Path, str]]:
     if not base.is_dir():
         raise NotADirectoryError(f"not a directory: {str(base)!r}")
     for dirpath, dirnames, filenames in os.walk(base):
         dirnames.sort()
         here = Path(dirpath)
-        for name in [*sorted(dirnames), *sorted(filenames)]:
+        for name in [*dirnames, *sorted(filenames)]:
             path = here / name
             arcname = path.relative_to(base).as_posix()
-            yield from _pack_member(path, arcname, base)
-    yield b"\0" * (_BLOCK * 2)
+            if path.is_symlink():
+                _check_link(arcname, str(path.readlink()))
+            elif not (path.is_dir() or path.is_file()):
+                raise UnsafeArchiveMember(
+                    f"{str(path)!r} is not a regular file, directory or symlink; "
+                    "refusing to transfer it"
+                )
+            yield path, arcname
+
+
+def validate_dir(root: str | Path) -> None:
+    """Refuse, before anything is sent, a tree that `pack_dir` would refuse part-way."""
+    for _ in _walk(Path(root)):
+        pass
 
 
 def pack_file(path: str | Path, arcname: str) -> Iterator[bytes]:
     """A tar holding one regular file under `arcname`, in chunks."""
-    yield from _pack_member(Path(path), arcname, None)
+    yield from _pack_member(Path(path), arcname)
     yield b"\0" * (_BLOCK * 2)
 
 
-def _pack_member(path: Path, arcname: str, base: Path | None) -> Iterator[bytes]:
+def _pack_member(path: Path, arcname: str) -> Iterator[bytes]:
     info = tarfile.TarInfo(arcname)
     st = path.lstat()
     info.mode = st.st_mode & 0o7777
     info.mtime = int(st.st_mtime)
     if path.is_symlink():
-        target = str(path.readlink())
-        _check_link(arcname, target)
         info.type = tarfile.SYMTYPE
-        info.linkname = target
+        info.linkname = str(path.readlink())
     elif path.is_dir():
         info.type = tarfile.DIRTYPE
     elif path.is_file():
         info.size = st.st_size
     else:
-        raise UnsafeArchiveMember(
-            f"{str(path)!r} is not a regular file, directory or symlink; refusing to transfer it"
-        )
+        raise UnsafeArchiveMember(f"{str(path)!r} is not a regular file, directory or symlink")
     yield info.tobuf(format=tarfile.PAX_FORMAT)
     if info.isfile():
         sent = 0
@@ -168,3 +182,22 @@ def _merge(src: Path, dst: Path) -> None:
             if out.is_dir() and not out.is_symlink():
                 shutil.rmtree(out)
             entry.replace(out)
+
+
+def extract_file(chunks: Iterable[bytes], dest: str | Path, remote: str) -> None:
+    """Write the single regular file of a tar stream to `dest` (Docker's get_archive)."""
+    target = Path(dest)
+    reader = cast(IO[bytes], _ChunkReader(chunks))
+    with tarfile.open(fileobj=reader, mode="r|") as archive:
+        member = archive.next()
+        if member is None or member.isdir():
+            raise IsADirectoryError(f"sandbox path {remote!r} is a directory")
+        if not member.isfile():
+            raise UnsafeArchiveMember(f"sandbox path {remote!r} is not a regular file")
+        source = archive.extractfile(member)
+        assert source is not None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.corral-partial")
+        with partial.open("wb") as out:
+            shutil.copyfileobj(source, out, CHUNK)
+        partial.replace(target)

@@ -1,0 +1,130 @@
+"""Configuration of the `docker` provider."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+
+from corral.core.config import RuntimeEnvironmentConfig
+from corral.core.output import DEFAULT_OUTPUT_LIMIT
+
+FORBIDDEN_CAPS = frozenset({"NET_ADMIN", "NET_RAW", "ALL", "SYS_ADMIN"})
+
+#: Docker's default set minus NET_RAW: what ordinary workloads (apt, useradd, su) need.
+DEFAULT_CAPS = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETPCAP",
+    "NET_BIND_SERVICE",
+    "SYS_CHROOT",
+    "MKNOD",
+    "AUDIT_WRITE",
+    "SETFCAP",
+)
+
+
+class DockerConfig(RuntimeEnvironmentConfig):
+    """A container per sandbox on a Docker Engine, egress enforced by a holder container."""
+
+    base_url: str | None = Field(
+        default=None,
+        description="engine address (unix:// or tcp://); default: DOCKER_HOST or the local socket",
+    )
+    tls_verify: bool | None = Field(
+        default=None, description="verify the engine's TLS certificate (default: DOCKER_TLS_VERIFY)"
+    )
+    tls_cert_path: str | None = Field(
+        default=None, description="directory with ca.pem, cert.pem, key.pem (DOCKER_CERT_PATH)"
+    )
+    registry_password: SecretStr | None = Field(
+        default=None, description="password for pulls from a private registry (never logged)"
+    )
+    registry_username: str | None = Field(default=None, description="registry user for pulls")
+    holder_image: str = Field(
+        default="corral/holder:0.1",
+        description="image of the network holder (iptables + busybox); "
+        "build it with `corral docker build-holder`",
+    )
+    pull_policy: Literal["if-not-present", "always", "never"] = Field(
+        default="if-not-present", description="when to pull the sandbox and holder images"
+    )
+    address_pool: str = Field(
+        default="10.213.0.0/16",
+        description="IPv4 block corral carves one small network per sandbox from",
+    )
+    network_prefix_len: int = Field(
+        default=28, ge=16, le=29, description="prefix length of each sandbox network"
+    )
+    runtime: str | None = Field(default=None, description="OCI runtime, e.g. runsc (gVisor)")
+    user: str | None = Field(default=None, description="user the workload runs as (uid[:gid])")
+    capabilities: tuple[str, ...] = Field(
+        default=DEFAULT_CAPS,
+        description="capabilities the sandbox keeps after dropping ALL (never NET_ADMIN/NET_RAW)",
+    )
+    pids_limit: int = Field(default=4096, ge=16, description="max processes in the sandbox")
+    default_cpu: float | None = Field(
+        default=None, gt=0, description="CPU cores when the plan sets none"
+    )
+    default_memory_mb: int | None = Field(
+        default=None, gt=0, description="memory limit in MiB when the plan sets none"
+    )
+    mounts: tuple[str, ...] = Field(default=(), description="bind mounts as host:container[:ro]")
+    extra_hosts: dict[str, str] = Field(
+        default_factory=dict[str, str],
+        description="hostname -> address entries for /etc/hosts ('host-gateway' allowed)",
+    )
+    published_ports: tuple[int, ...] = Field(
+        default=(), description="sandbox ports published on 127.0.0.1 for endpoint()"
+    )
+    output_limit_bytes: int = Field(
+        default=DEFAULT_OUTPUT_LIMIT, ge=1024, description="bytes of stdout/stderr kept per exec"
+    )
+    api_timeout_s: float = Field(
+        default=60.0, gt=0, description="seconds one Engine API call may take"
+    )
+    max_workers: int = Field(
+        default=64, ge=1, description="worker threads for blocking Engine API calls"
+    )
+
+    @field_validator("capabilities")
+    @classmethod
+    def _safe_caps(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        normalized = tuple(c.upper().removeprefix("CAP_") for c in value)
+        bad = sorted(set(normalized) & FORBIDDEN_CAPS)
+        if bad:
+            raise ValueError(
+                f"capabilities {', '.join(bad)} would let the sandbox change or bypass its "
+                "network rules; they are never granted"
+            )
+        return normalized
+
+    @field_validator("address_pool")
+    @classmethod
+    def _pool(cls, value: str) -> str:
+        try:
+            net = ipaddress.IPv4Network(value, strict=True)
+        except ValueError as exc:
+            raise ValueError(f"address_pool {value!r} is not an IPv4 CIDR: {exc}") from None
+        if net.prefixlen > 24:
+            raise ValueError(f"address_pool {value!r} is too small; use /24 or larger")
+        return str(net)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for mount in value:
+            parts = mount.split(":")
+            if (
+                len(parts) not in (2, 3)
+                or not all(parts[:2])
+                or (len(parts) == 3 and parts[2] not in ("ro", "rw"))
+            ):
+                raise ValueError(f"mount {mount!r} must be host:container or host:container:ro")
+        return value

@@ -1,0 +1,158 @@
+"""Applying a policy through the holder: resolve, render, one restore per family, probe.
+
+Everything runs in one exec in the holder, which owns the sandbox's network namespace and
+alone has NET_ADMIN. If the IPv6 restore fails after the IPv4 one succeeded, the saved
+IPv4 table is restored, so the old policy stays whole.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+
+from corral.core.output import DEFAULT_OUTPUT_LIMIT
+from corral.errors import NetworkPolicyNotEnforced, ProviderError
+from corral.network.iptables import CHAIN, render_iptables
+from corral.network.policy import NetworkPolicy
+from corral.network.probe import DISCARD_PORT, forbidden_probe
+from corral.network.resolve import Resolution, resolve_policy
+from corral.network.targets import IPAddress
+from corral.providers.docker.engine import Engine
+from corral.providers.docker.execution import run_exec
+
+_APPLY = r"""
+old=$(iptables-save -t filter 2>/dev/null)
+printf '%s' "$CORRAL_V4" | iptables-restore -w 5 || { echo 'iptables-restore failed' >&2; exit 3; }
+if ! printf '%s' "$CORRAL_V6" | ip6tables-restore -w 5; then
+  echo 'ip6tables-restore failed' >&2
+  [ -n "$old" ] && printf '%s\n' "$old" | iptables-restore -w 5
+  exit 4
+fi
+[ -z "$CORRAL_PROBE_HOST" ] && exit 0
+if busybox nc -w 2 "$CORRAL_PROBE_HOST" "$CORRAL_PROBE_PORT" </dev/null >/dev/null 2>&1; then
+  echo probe=connected
+else
+  echo probe=refused
+fi
+$CORRAL_PROBE_TABLES -w 5 -nvxL "$CORRAL_CHAIN" \
+  | awk '$3 == "REJECT" {n += $1} END {print "rejects=" n+0}'
+"""
+
+_RESOLVE = r"""
+for h in "$@"; do getent ahosts "$h" | while read -r a rest; do echo "$h $a"; done; done
+true
+"""
+
+
+async def dns_servers(api: Engine, tokens: int, holder: str) -> tuple[IPAddress, ...]:
+    result = await run_exec(
+        api,
+        tokens,
+        holder,
+        ["cat", "/etc/resolv.conf"],
+        env={},
+        workdir=None,
+        user="0",
+        stdin=None,
+        timeout=30,
+        on_output=None,
+        output_limit=DEFAULT_OUTPUT_LIMIT,
+    )
+    servers: list[IPAddress] = []
+    for line in result.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "nameserver":
+            try:
+                servers.append(ipaddress.ip_address(parts[1].split("%")[0]))
+            except ValueError:
+                continue
+    return tuple(servers)
+
+
+async def resolve_in(
+    api: Engine, tokens: int, container: str, hosts: Sequence[str]
+) -> dict[str, list[IPAddress]]:
+    """Resolve `hosts` the way processes in `container`'s namespace do (getent)."""
+    found: dict[str, list[IPAddress]] = {h: [] for h in hosts}
+    if not hosts:
+        return found
+    result = await run_exec(
+        api,
+        tokens,
+        container,
+        ["sh", "-c", _RESOLVE, "sh", *hosts],
+        env={},
+        workdir=None,
+        user="0",
+        stdin=None,
+        timeout=30,
+        on_output=None,
+        output_limit=DEFAULT_OUTPUT_LIMIT,
+    )
+    for line in result.stdout.splitlines():
+        host, _, address = line.partition(" ")
+        try:
+            found.setdefault(host, []).append(ipaddress.ip_address(address.strip()))
+        except ValueError:
+            continue
+    return found
+
+
+async def apply_policy(
+    api: Engine,
+    tokens: int,
+    holder: str,
+    policy: NetworkPolicy,
+    *,
+    resolver_container: str,
+    dns: tuple[IPAddress, ...],
+    probe_candidates: list[tuple[IPAddress, int]],
+) -> Resolution:
+    """Resolve, render and apply `policy` in one holder exec, then check it with a probe."""
+    hostnames = [t.host for t in policy.targets if t.entry_type.value == "hostname"]
+    answers = await resolve_in(api, tokens, resolver_container, hostnames)
+
+    async def lookup(host: str) -> list[IPAddress]:
+        return answers.get(host, [])
+
+    resolved = await resolve_policy(policy, lookup, dns)
+    payload = render_iptables(policy, resolved)
+    probe = forbidden_probe(policy, resolved, probe_candidates)
+    env = {
+        "CORRAL_V4": payload.ipv4,
+        "CORRAL_V6": payload.ipv6,
+        "CORRAL_CHAIN": CHAIN,
+        "CORRAL_PROBE_HOST": "" if probe is None else str(probe[0]),
+        "CORRAL_PROBE_PORT": str(DISCARD_PORT if probe is None else probe[1]),
+        "CORRAL_PROBE_TABLES": "ip6tables" if probe and probe[0].version == 6 else "iptables",
+    }
+    result = await run_exec(
+        api,
+        tokens,
+        holder,
+        ["sh", "-c", _APPLY],
+        env=env,
+        workdir=None,
+        user="0",
+        stdin=None,
+        timeout=60,
+        on_output=None,
+        output_limit=DEFAULT_OUTPUT_LIMIT,
+    )
+    if result.returncode != 0:
+        raise ProviderError(
+            f"applying network policy {policy} failed (exit {result.returncode}): "
+            f"{result.stderr.strip()[-500:]}; the previous policy is still in force"
+        )
+    if probe is not None:
+        lines = dict(line.split("=", 1) for line in result.stdout.split() if "=" in line)
+        target = f"{probe[0]}:{probe[1]}"
+        if lines.get("probe") != "refused":
+            raise NetworkPolicyNotEnforced(
+                f"probe to {target}, which {policy} forbids, got through"
+            )
+        if int(lines.get("rejects", "0") or 0) == 0:
+            raise NetworkPolicyNotEnforced(
+                f"probe to {target} failed, but not through corral's rules (no REJECT counted)"
+            )
+    return resolved

@@ -1,0 +1,96 @@
+"""The Engine API connection: blocking docker-py calls in worker threads, retried when
+the failure is transient and the call idempotent."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+import anyio
+import docker
+import requests
+from anyio.lowlevel import RunVar
+from docker.errors import APIError, DockerException
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from corral.errors import ProviderError
+from corral.providers.docker.config import DockerConfig
+
+#: docker-py is only partly typed; its clients are handled as Any at this one boundary.
+Engine = Any
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_limiter: RunVar[anyio.CapacityLimiter] = RunVar("corral_docker_threads")
+
+
+def connect(config: DockerConfig) -> Engine:
+    """A client from the config, else from DOCKER_HOST/DOCKER_TLS_VERIFY/DOCKER_CERT_PATH."""
+    try:
+        if config.base_url is None and config.tls_cert_path is None:
+            client: Engine = docker.DockerClient.from_env(
+                timeout=int(config.api_timeout_s), max_pool_size=config.max_workers
+            )
+        else:
+            tls: Any = False
+            if config.tls_cert_path is not None or config.tls_verify:
+                path = config.tls_cert_path or ""
+                tls = docker.tls.TLSConfig(
+                    client_cert=(f"{path}/cert.pem", f"{path}/key.pem"),
+                    ca_cert=f"{path}/ca.pem",
+                    verify=bool(config.tls_verify),
+                )
+            client = docker.DockerClient(
+                base_url=config.base_url,
+                tls=tls,
+                timeout=int(config.api_timeout_s),
+                max_pool_size=config.max_workers,
+            )
+    except DockerException as exc:
+        raise ProviderError(f"cannot reach the Docker Engine: {exc}") from None
+    return client
+
+
+def limiter(tokens: int) -> anyio.CapacityLimiter:
+    try:
+        return _limiter.get()
+    except LookupError:
+        created = anyio.CapacityLimiter(tokens)
+        _limiter.set(created)
+        return created
+
+
+def transient(exc: BaseException) -> bool:
+    """Connection resets and 5xx/429 from the engine; never 4xx answers."""
+    if isinstance(exc, requests.ConnectionError | requests.Timeout):
+        return True
+    if isinstance(exc, APIError) and exc.status_code is not None:
+        return exc.status_code == 429 or (exc.status_code >= 500 and "No such" not in str(exc))
+    return False
+
+
+async def call(tokens: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run one blocking call in a worker thread (never on the event loop)."""
+    return await anyio.to_thread.run_sync(
+        functools.partial(fn, *args, **kwargs), limiter=limiter(tokens)
+    )
+
+
+async def idempotent(tokens: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`call`, retried on transient engine errors; only for calls safe to repeat."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(transient),
+        stop=stop_after_attempt(4),
+        wait=wait_exponential(multiplier=0.2, max=2),
+        reraise=True,
+    ):
+        with attempt:
+            return await call(tokens, fn, *args, **kwargs)
+    raise AssertionError("unreachable")

@@ -1,0 +1,312 @@
+"""The `docker` provider.
+
+Per session: a bridge network of its own (so sandboxes cannot reach one another), a
+holder container with NET_ADMIN that owns the network namespace, and the sandbox
+container that joins it with every capability dropped but the workload's. The baseline
+policy is applied and probed before the sandbox container exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from contextlib import AsyncExitStack
+from typing import Any, ClassVar
+
+import anyio
+import docker
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.types import DeviceRequest
+
+from corral.core.environment import BaseEnvironment
+from corral.core.labels import OWNER, is_expired, new_session_id, session_labels
+from corral.core.plan import ExecutionPlan
+from corral.core.redact import plain_env
+from corral.core.session import EnvironmentSession
+from corral.errors import ConfigError, NetworkPolicyNotEnforced, ProviderError
+from corral.network.policy import NetworkMode
+from corral.network.probe import DISCARD_PORT
+from corral.network.targets import EntryType
+from corral.providers.docker.config import DockerConfig
+from corral.providers.docker.enforcement import apply_policy, dns_servers
+from corral.providers.docker.engine import Engine, call, connect, idempotent
+from corral.providers.docker.resources import (
+    SubnetTaken,
+    create_network,
+    pick_subnet,
+    remove_container,
+    remove_network,
+)
+from corral.providers.docker.session import DockerSession
+
+SLEEP_FOREVER = ["sleep", "infinity"]
+
+
+class DockerEnvironment(BaseEnvironment):
+    id: ClassVar[str] = "docker"
+    config_model = DockerConfig
+    supported_network_modes = frozenset(NetworkMode)
+    supported_allowlist_entry_types = frozenset(EntryType) - {EntryType.WILDCARD_HOSTNAME}
+    supports_network_target_ports = True
+    supports_dynamic_network_policy = True
+    max_concurrent_opens = 16
+
+    config: DockerConfig
+
+    def __init__(self, config: DockerConfig | None = None, **params: Any) -> None:
+        super().__init__(config, **params)
+        self._client: Engine | None = None
+
+    @classmethod
+    def engine_answers(cls) -> bool:
+        try:
+            client: Engine = docker.from_env(timeout=3)
+            client.ping()
+            client.close()
+        except (DockerException, OSError):
+            return False
+        return True
+
+    def default_demo_image(self) -> str | None:
+        return "corral.local/test:bookworm"
+
+    async def client(self) -> Engine:
+        if self._client is None:
+            client = await anyio.to_thread.run_sync(connect, self.config)
+            try:
+                await idempotent(self.config.max_workers, client.ping)
+            except (DockerException, OSError) as exc:
+                client.close()
+                raise ProviderError(
+                    f"the Docker Engine at {client.api.base_url} does not answer: {exc}"
+                ) from None
+            self._client = client
+        return self._client
+
+    async def _ensure_image(self, client: Engine, image: str) -> None:
+        tokens = self.config.max_workers
+        policy = self.config.pull_policy
+        if policy != "always":
+            try:
+                await idempotent(tokens, client.api.inspect_image, image)
+                return
+            except ImageNotFound:
+                if policy == "never":
+                    raise ConfigError(
+                        f"image {image!r} is not on the engine and pull_policy is 'never'"
+                    ) from None
+        auth = None
+        if self.config.registry_username and self.config.registry_password:
+            auth = {
+                "username": self.config.registry_username,
+                "password": self.config.registry_password.get_secret_value(),
+            }
+        try:
+            await call(tokens, client.images.pull, image, auth_config=auth)
+        except (APIError, DockerException) as exc:
+            reason = getattr(exc, "explanation", None) or type(exc).__name__
+            raise ConfigError(f"image {image!r} is not available: {reason}") from None
+
+    async def _image(self, client: Engine, plan: ExecutionPlan) -> str:
+        chosen = plan.require_image(self.id)
+        if isinstance(chosen, str):
+            await self._ensure_image(client, chosen)
+            return chosen
+        return await self._native_image(client, chosen)
+
+    async def _native_image(self, client: Engine, native: dict[str, Any]) -> str:
+        tokens = self.config.max_workers
+        if set(native) == {"image_id"}:
+            try:
+                await idempotent(tokens, client.api.inspect_image, native["image_id"])
+            except ImageNotFound:
+                raise ConfigError(f"native image_id {native['image_id']!r} not found") from None
+            return str(native["image_id"])
+        if "build_context" in native and set(native) <= {"build_context", "dockerfile"}:
+            key = hashlib.sha256(json.dumps(native, sort_keys=True).encode()).hexdigest()[:16]
+            tag = f"corral-build:{key}"
+            try:
+                await call(
+                    tokens,
+                    client.images.build,
+                    path=str(native["build_context"]),
+                    dockerfile=native.get("dockerfile"),
+                    tag=tag,
+                    labels={OWNER: self.config.owner},
+                    rm=True,
+                )
+            except (APIError, DockerException, TypeError) as exc:
+                raise ConfigError(f"building native {native!r} failed: {exc}") from None
+            return tag
+        raise ConfigError(
+            f"native selector {native!r} is not understood by docker; use "
+            "{'image_id': ...} or {'build_context': path, 'dockerfile': optional}"
+        )
+
+    async def _open(self, plan: ExecutionPlan, owned: AsyncExitStack) -> EnvironmentSession:
+        cfg = self.config
+        tokens = cfg.max_workers
+        client = await self.client()
+        sid = new_session_id()
+        lifetime = plan.timeouts.max_lifetime_s or cfg.default_lifetime_s
+        labels = session_labels(cfg.owner, sid, lifetime, {**cfg.labels, **plan.labels})
+        image = await self._image(client, plan)
+        await self._ensure_image(client, cfg.holder_image)
+
+        net_name = f"corral-{sid}"
+        subnet = pick_subnet(cfg.address_pool, cfg.network_prefix_len)
+        owned.push_async_callback(remove_network, client, tokens, net_name, sid, subnet)
+        for _ in range(16):
+            try:
+                await create_network(client, tokens, net_name, labels, subnet)
+                break
+            except SubnetTaken:
+                subnet = pick_subnet(cfg.address_pool, cfg.network_prefix_len)
+                owned.push_async_callback(remove_network, client, tokens, net_name, sid, subnet)
+        else:
+            raise ProviderError(f"no free subnet in address_pool {cfg.address_pool}")
+        gateway = next(subnet.hosts())
+
+        holder_name = f"corral-{sid}-holder"
+        owned.push_async_callback(remove_container, client, tokens, holder_name, sid)
+        holder_config = client.api.create_host_config(
+            network_mode=net_name,
+            cap_drop=["ALL"],
+            cap_add=["NET_ADMIN"],
+            security_opt=["no-new-privileges"],
+            init=True,
+            extra_hosts=cfg.extra_hosts or None,
+            port_bindings={p: ("127.0.0.1", None) for p in cfg.published_ports} or None,
+            pids_limit=64,
+        )
+        await call(
+            tokens,
+            client.api.create_container,
+            cfg.holder_image,
+            SLEEP_FOREVER,
+            name=holder_name,
+            labels={**labels, "corral.role": "holder"},
+            host_config=holder_config,
+            ports=list(cfg.published_ports) or None,
+        )
+        await call(tokens, client.api.start, holder_name)
+        holder: dict[str, Any] = await idempotent(tokens, client.api.inspect_container, holder_name)
+        holder_id: str = holder["Id"]
+        net_info = holder["NetworkSettings"]["Networks"].get(net_name, {})
+        dns = await dns_servers(client.api, tokens, holder_id)
+        try:
+            await apply_policy(
+                client.api,
+                tokens,
+                holder_id,
+                plan.network.baseline,
+                resolver_container=holder_id,
+                dns=dns,
+                probe_candidates=[(gateway, DISCARD_PORT)],
+            )
+        except NetworkPolicyNotEnforced as exc:
+            raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
+
+        sandbox_name = f"corral-{sid}-sandbox"
+        owned.push_async_callback(remove_container, client, tokens, sandbox_name, sid)
+        resources = plan.resources
+        cpu = resources.cpu or cfg.default_cpu
+        memory = resources.memory_mb or cfg.default_memory_mb
+        sandbox_config = client.api.create_host_config(
+            network_mode=f"container:{holder_id}",
+            cap_drop=["ALL"],
+            cap_add=list(cfg.capabilities) or None,
+            security_opt=["no-new-privileges"],
+            init=True,
+            pids_limit=cfg.pids_limit,
+            mem_limit=f"{memory}m" if memory else None,
+            nano_cpus=int(cpu * 1e9) if cpu else None,
+            device_requests=[DeviceRequest(count=resources.gpus, capabilities=[["gpu"]])]
+            if resources.gpus
+            else None,
+            storage_opt={"size": f"{resources.disk_mb}M"} if resources.disk_mb else None,
+            binds=list(cfg.mounts) or None,
+            runtime=cfg.runtime,
+        )
+        try:
+            await call(
+                tokens,
+                client.api.create_container,
+                image,
+                plan.command,
+                entrypoint=None if plan.command else SLEEP_FOREVER,
+                name=sandbox_name,
+                labels={**labels, "corral.role": "sandbox"},
+                environment=plain_env(plan.env),
+                working_dir=plan.workdir,
+                user=cfg.user,
+                host_config=sandbox_config,
+            )
+            await call(tokens, client.api.start, sandbox_name)
+        except APIError as exc:
+            raise ProviderError(
+                f"starting the sandbox from image {image!r} failed: {exc.explanation}"
+            ) from None
+        sandbox: dict[str, Any] = await idempotent(
+            tokens, client.api.inspect_container, sandbox_name
+        )
+        if not sandbox["State"].get("Running"):
+            raise ProviderError(
+                f"sandbox from image {image!r} exited at once (code "
+                f"{sandbox['State'].get('ExitCode')}); it needs `sleep` or a plan.command "
+                "that keeps running"
+            )
+        ports: dict[str, list[dict[str, str]] | None] = holder["NetworkSettings"].get("Ports") or {}
+        published = {
+            int(key.split("/")[0]): int(bindings[0]["HostPort"])
+            for key, bindings in ports.items()
+            if bindings
+        }
+        session = DockerSession(
+            id=sid,
+            policy=plan.network.baseline,
+            client=client,
+            tokens=tokens,
+            holder=holder_id,
+            sandbox=sandbox["Id"],
+            network=net_name,
+            gateway=gateway,
+            holder_address=net_info.get("IPAddress", ""),
+            dns=dns,
+            published=published,
+            local_engine=client.api.base_url.startswith("http+docker://"),
+            user=cfg.user,
+            output_limit=cfg.output_limit_bytes,
+            default_timeout=plan.timeouts.operation_s,
+            resolver_image=cfg.holder_image,
+            labels=labels,
+        )
+        session.image = image
+        return session
+
+    async def gc(self) -> list[str]:
+        """Remove expired containers and networks that carry this owner's labels."""
+        client = await self.client()
+        tokens = self.config.max_workers
+        owner = self.config.owner
+        removed: list[str] = []
+        now = time.time()
+        containers: list[dict[str, Any]] = await idempotent(
+            tokens, client.api.containers, all=True, filters={"label": f"{OWNER}={owner}"}
+        )
+        for item in containers:
+            if is_expired(item.get("Labels") or {}, owner, now):
+                with contextlib.suppress(NotFound):
+                    await idempotent(tokens, client.api.remove_container, item["Id"], force=True)
+                    removed.append(f"container {item['Names'][0].lstrip('/')}")
+        networks: list[dict[str, Any]] = await idempotent(
+            tokens, client.api.networks, filters={"label": f"{OWNER}={owner}"}
+        )
+        for item in networks:
+            if is_expired(item.get("Labels") or {}, owner, now):
+                with contextlib.suppress(NotFound):
+                    await idempotent(tokens, client.api.remove_network, item["Id"])
+                    removed.append(f"network {item['Name']}")
+        return removed

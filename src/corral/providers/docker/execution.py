@@ -1,0 +1,177 @@
+"""Exec through the Engine API: a hijacked socket read on the event loop, frames demuxed.
+
+Every exec carries a unique `CORRAL_EXEC` marker in its environment, which its whole
+process tree inherits; on timeout or cancellation corral kills, inside the sandbox, every
+process that carries the marker, so nothing the command started outlives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import socket
+import ssl
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+from docker.errors import APIError, NotFound
+
+from corral.core.output import BoundedOutput, StreamDecoder
+from corral.core.session import TIMEOUT_RETURNCODE, ExecResult, OutputCallback, Stream, emit
+from corral.errors import ProviderError
+from corral.providers.docker.engine import Engine, call
+
+MARKER = "CORRAL_EXEC"
+_KILL_TREE = (
+    'm="' + MARKER + '=$1"; for d in /proc/[0-9]*; do '
+    'if tr "\\000" "\\n" < "$d/environ" 2>/dev/null | grep -qx "$m"; then '
+    'kill -9 "${d#/proc/}" 2>/dev/null; fi; done; true'
+)
+_STREAMS: dict[int, Stream] = {1: "stdout", 2: "stderr"}
+
+
+async def run_exec(
+    api: Engine,
+    tokens: int,
+    container: str,
+    args: list[str],
+    *,
+    env: Mapping[str, str],
+    workdir: str | None,
+    user: str | None,
+    stdin: bytes | None,
+    timeout: float | None,
+    on_output: OutputCallback | None,
+    output_limit: int,
+) -> ExecResult:
+    started = time.monotonic()
+    marker = secrets.token_hex(8)
+    try:
+        created: dict[str, Any] = await call(
+            tokens,
+            api.exec_create,
+            container,
+            args,
+            stdout=True,
+            stderr=True,
+            stdin=stdin is not None,
+            environment={**env, MARKER: marker},
+            workdir=workdir,
+            user=user or "",
+        )
+        exec_id: str = created["Id"]
+        raw: Any = await call(tokens, api.exec_start, exec_id, socket=True)
+    except NotFound as exc:
+        raise ProviderError(f"sandbox container {container[:12]} is gone: {exc}") from None
+    except APIError as exc:
+        raise ProviderError(f"exec in {container[:12]} failed: {exc.explanation}") from None
+    sock: socket.socket = getattr(raw, "_sock", raw)
+    outputs = {"stdout": BoundedOutput(output_limit), "stderr": BoundedOutput(output_limit)}
+    timed_out = False
+    finished = False
+    try:
+        if not isinstance(sock, ssl.SSLSocket):
+            sock.setblocking(False)
+        with anyio.move_on_after(timeout) as scope:
+            async with anyio.create_task_group() as tg:
+                if stdin is not None:
+                    tg.start_soon(_send_stdin, sock, stdin)
+                await _read_frames(sock, outputs, on_output)
+        timed_out = scope.cancelled_caught
+        finished = not timed_out
+    finally:
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(OSError):
+                sock.close()
+            if not finished:
+                await kill_tree(api, tokens, container, marker)
+    returncode = TIMEOUT_RETURNCODE if timed_out else await _exit_code(api, tokens, exec_id)
+    return ExecResult(
+        returncode=returncode,
+        stdout=outputs["stdout"].text(),
+        stderr=outputs["stderr"].text(),
+        timed_out=timed_out,
+        duration_s=time.monotonic() - started,
+        stdout_truncated=outputs["stdout"].truncated,
+        stderr_truncated=outputs["stderr"].truncated,
+    )
+
+
+async def kill_tree(api: Engine, tokens: int, container: str, marker: str) -> None:
+    """Kill every process in the sandbox whose environment carries `marker`."""
+    try:
+        created: dict[str, Any] = await call(
+            tokens, api.exec_create, container, ["sh", "-c", _KILL_TREE, "sh", marker], user="0"
+        )
+        await call(tokens, api.exec_start, created["Id"])
+    except APIError:
+        pass  # the container is gone, and the tree with it
+
+
+async def _exit_code(api: Engine, tokens: int, exec_id: str) -> int | None:
+    # The stream can close a moment before the engine records the exit.
+    for _ in range(50):
+        info: dict[str, Any] = await call(tokens, api.exec_inspect, exec_id)
+        if not info.get("Running") and info.get("ExitCode") is not None:
+            return int(info["ExitCode"])
+        await anyio.sleep(0.02)
+    raise ProviderError(f"exec {exec_id[:12]} never reported an exit code")
+
+
+async def _send_stdin(sock: socket.socket, data: bytes) -> None:
+    if isinstance(sock, ssl.SSLSocket):
+
+        def send() -> None:
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+
+        await anyio.to_thread.run_sync(send)
+        return
+    view = memoryview(data)
+    while view:
+        await anyio.wait_writable(sock)
+        try:
+            view = view[sock.send(view) :]
+        except BlockingIOError:
+            continue
+    sock.shutdown(socket.SHUT_WR)
+
+
+async def _recv(sock: socket.socket) -> bytes:
+    if isinstance(sock, ssl.SSLSocket):
+        return await anyio.to_thread.run_sync(sock.recv, 65536, abandon_on_cancel=True)
+    while True:
+        await anyio.wait_readable(sock)
+        try:
+            return sock.recv(65536)
+        except BlockingIOError:
+            continue
+
+
+async def _read_frames(
+    sock: socket.socket,
+    outputs: dict[str, BoundedOutput],
+    on_output: OutputCallback | None,
+) -> None:
+    decoders = {"stdout": StreamDecoder(), "stderr": StreamDecoder()}
+    buffer = bytearray()
+    while True:
+        chunk = await _recv(sock)
+        if not chunk:
+            break
+        buffer += chunk
+        while len(buffer) >= 8:
+            size = int.from_bytes(buffer[4:8], "big")
+            if len(buffer) < 8 + size:
+                break
+            stream = _STREAMS.get(buffer[0])
+            payload = bytes(buffer[8 : 8 + size])
+            del buffer[: 8 + size]
+            if stream is None:
+                continue
+            outputs[stream].feed(payload)
+            await emit(on_output, stream, decoders[stream].decode(payload))
+    for stream, decoder in decoders.items():
+        await emit(on_output, stream, decoder.decode(b"", final=True))  # type: ignore[arg-type]

@@ -1,0 +1,100 @@
+"""Creating and removing the session's engine objects by exact identity.
+
+An undo is registered *before* each create call, keyed by the object's unique name and
+checked against the session label before anything is removed, so a create that is
+interrupted half-way (cancellation in the worker thread) can never leak.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+from typing import Any
+
+from docker.errors import APIError, NotFound
+from docker.types import IPAMConfig, IPAMPool
+
+from corral.core.labels import SESSION
+from corral.errors import ProviderError
+from corral.providers.docker.engine import Engine, call, idempotent
+
+#: Subnets handed out by this process and not yet released.
+_reserved: set[ipaddress.IPv4Network] = set()
+
+
+def _owned_by(labels: dict[str, str] | None, session_id: str) -> bool:
+    return (labels or {}).get(SESSION) == session_id
+
+
+async def remove_container(client: Engine, tokens: int, name: str, session_id: str) -> None:
+    try:
+        info: dict[str, Any] = await idempotent(tokens, client.api.inspect_container, name)
+    except NotFound:
+        return
+    if not _owned_by(info["Config"].get("Labels"), session_id):
+        raise ProviderError(f"container {name!r} is not session {session_id}'s; left alone")
+    try:
+        await idempotent(tokens, client.api.remove_container, info["Id"], force=True, v=True)
+    except NotFound:
+        return
+
+
+async def remove_network(
+    client: Engine, tokens: int, name: str, session_id: str, subnet: ipaddress.IPv4Network
+) -> None:
+    try:
+        try:
+            info: dict[str, Any] = await idempotent(tokens, client.api.inspect_network, name)
+        except NotFound:
+            return
+        if not _owned_by(info.get("Labels"), session_id):
+            raise ProviderError(f"network {name!r} is not session {session_id}'s; left alone")
+        try:
+            await idempotent(tokens, client.api.remove_network, info["Id"])
+        except NotFound:
+            return
+    finally:
+        _reserved.discard(subnet)
+
+
+def pick_subnet(pool: str, prefix: int) -> ipaddress.IPv4Network:
+    block = ipaddress.IPv4Network(pool)
+    count = 2 ** (prefix - block.prefixlen)
+    for _ in range(64):
+        index = random.randrange(count)
+        size = 2 ** (32 - prefix)
+        subnet = ipaddress.IPv4Network((int(block.network_address) + index * size, prefix))
+        if subnet not in _reserved:
+            _reserved.add(subnet)
+            return subnet
+    raise ProviderError(f"address_pool {pool} has no free /{prefix} left in this process")
+
+
+async def create_network(
+    client: Engine,
+    tokens: int,
+    name: str,
+    labels: dict[str, str],
+    subnet: ipaddress.IPv4Network,
+) -> dict[str, Any]:
+    """A bridge of its own for one sandbox: bridges are isolated from each other."""
+    gateway = str(next(subnet.hosts()))
+    ipam = IPAMConfig(pool_configs=[IPAMPool(subnet=str(subnet), gateway=gateway)])
+    try:
+        return await call(
+            tokens,
+            client.api.create_network,
+            name,
+            driver="bridge",
+            ipam=ipam,
+            labels=labels,
+            check_duplicate=True,
+        )
+    except APIError as exc:
+        if "overlap" in str(exc).lower():
+            raise SubnetTaken(str(subnet)) from None
+        raise ProviderError(f"creating network {name!r} failed: {exc.explanation}") from None
+
+
+class SubnetTaken(Exception):
+    """Another engine user holds this subnet; pick another."""

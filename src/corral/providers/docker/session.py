@@ -1,0 +1,207 @@
+"""A `docker` sandbox: the sandbox container, and the holder that owns its network."""
+
+from __future__ import annotations
+
+import posixpath
+import secrets
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+from docker.errors import APIError, NotFound
+
+from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
+from corral.core.tarsafe import extract_file, extract_tar, pack_dir, pack_file, validate_dir
+from corral.errors import NetworkPolicyNotEnforced, ProviderError, RemotePathNotFound
+from corral.network.policy import NetworkPolicy
+from corral.network.probe import DISCARD_PORT
+from corral.network.resolve import needs_dns
+from corral.network.targets import IPAddress
+from corral.providers.docker.enforcement import apply_policy
+from corral.providers.docker.engine import Engine, call
+from corral.providers.docker.execution import run_exec
+from corral.providers.docker.resources import remove_container
+
+
+class DockerSession(EnvironmentSession):
+    def __init__(
+        self,
+        *,
+        id: str,
+        policy: NetworkPolicy,
+        client: Engine,
+        tokens: int,
+        holder: str,
+        sandbox: str,
+        network: str,
+        gateway: IPAddress,
+        holder_address: str,
+        dns: tuple[IPAddress, ...],
+        published: dict[int, int],
+        local_engine: bool,
+        user: str | None,
+        output_limit: int,
+        default_timeout: float | None,
+        resolver_image: str,
+        labels: dict[str, str],
+    ) -> None:
+        super().__init__(id=id, policy=policy)
+        self.client = client
+        self.tokens = tokens
+        self.holder = holder
+        self.sandbox = sandbox
+        self.network = network
+        self.gateway = gateway
+        self.holder_address = holder_address
+        self.dns = dns
+        self.published = published
+        self.local_engine = local_engine
+        self.user = user
+        self.output_limit = output_limit
+        self.default_timeout = default_timeout
+        self.resolver_image = resolver_image
+        self.labels = labels
+
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> ExecResult:
+        return await run_exec(
+            self.client.api,
+            self.tokens,
+            self.sandbox,
+            argv(command),
+            env=env or {},
+            workdir=cwd,
+            user=user or self.user,
+            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+            timeout=timeout if timeout is not None else self.default_timeout,
+            on_output=on_output,
+            output_limit=self.output_limit,
+        )
+
+    async def _absolute(self, path: str) -> str:
+        if posixpath.isabs(path):
+            return posixpath.normpath(path)
+        result = await self.exec(["pwd"])
+        return posixpath.normpath(posixpath.join(result.stdout.strip() or "/", path))
+
+    async def _mkdir(self, path: str) -> None:
+        result = await self.exec(["mkdir", "-p", path])
+        if result.returncode != 0:
+            raise ProviderError(f"cannot create {path!r} in the sandbox: {result.stderr.strip()}")
+
+    async def _put(self, directory: str, chunks: Any) -> None:
+        try:
+            await call(self.tokens, self.client.api.put_archive, self.sandbox, directory, chunks)
+        except NotFound:
+            raise RemotePathNotFound(directory) from None
+        except APIError as exc:
+            raise ProviderError(f"upload to {directory!r} failed: {exc.explanation}") from None
+
+    async def _get(self, path: str) -> Any:
+        try:
+            stream, _ = await call(self.tokens, self.client.api.get_archive, self.sandbox, path)
+        except NotFound:
+            raise RemotePathNotFound(path) from None
+        except APIError as exc:
+            raise ProviderError(f"download of {path!r} failed: {exc.explanation}") from None
+        return stream
+
+    async def upload(self, local: str | Path, remote: str) -> None:
+        target = await self._absolute(remote)
+        parent, name = posixpath.split(target)
+        await self._mkdir(parent)
+        await self._put(parent, pack_file(local, name))
+
+    async def download(self, remote: str, local: str | Path) -> None:
+        source = await self._absolute(remote)
+        stream = await self._get(source)
+        await call(self.tokens, extract_file, stream, local, remote)
+
+    async def upload_dir(self, local_dir: str | Path, remote_dir: str) -> None:
+        target = await self._absolute(remote_dir)
+        await call(self.tokens, validate_dir, local_dir)
+        await self._mkdir(target)
+        await self._put(target, pack_dir(local_dir))
+
+    async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None:
+        source = await self._absolute(remote_dir)
+        stream = await self._get(source)
+        name = posixpath.basename(source.rstrip("/")) or "."
+        await call(self.tokens, lambda: extract_tar(stream, local_dir, strip=name))
+
+    async def endpoint(self, port: int) -> str | None:
+        if port in self.published:
+            return f"http://127.0.0.1:{self.published[port]}"
+        if self.local_engine and self.holder_address:
+            return f"http://{self.holder_address}:{port}"
+        return None
+
+    async def host_gateway(self) -> str | None:
+        return str(self.gateway)
+
+    async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
+        try:
+            await self._apply(policy)
+        except NetworkPolicyNotEnforced as exc:
+            await self.fail_enforcement(str(exc))
+
+    async def _apply(self, policy: NetworkPolicy) -> None:
+        hostnames = any(t.entry_type.value == "hostname" for t in policy.targets)
+        if hostnames and not needs_dns(self.policy):
+            # DNS is closed in this namespace right now; resolve from a twin on the same
+            # network (same embedded resolver, same /etc/hosts entries) instead.
+            async with _resolver(self) as twin:
+                await self._apply_via(policy, twin)
+            return
+        await self._apply_via(policy, self.holder)
+
+    async def _apply_via(self, policy: NetworkPolicy, resolver: str) -> None:
+        await apply_policy(
+            self.client.api,
+            self.tokens,
+            self.holder,
+            policy,
+            resolver_container=resolver,
+            dns=self.dns,
+            probe_candidates=[(self.gateway, DISCARD_PORT)],
+        )
+
+
+@asynccontextmanager
+async def _resolver(session: DockerSession) -> AsyncGenerator[str]:
+    """A short-lived container on the session's network, removed by exact name."""
+    s = session
+    name = f"corral-{s.id}-resolver-{secrets.token_hex(3)}"
+    try:
+        holder: dict[str, Any] = await call(s.tokens, s.client.api.inspect_container, s.holder)
+        host_config = s.client.api.create_host_config(
+            network_mode=s.network,
+            extra_hosts=holder["HostConfig"].get("ExtraHosts") or None,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+        )
+        await call(
+            s.tokens,
+            s.client.api.create_container,
+            s.resolver_image,
+            ["sleep", "60"],
+            name=name,
+            labels=s.labels,
+            host_config=host_config,
+        )
+        await call(s.tokens, s.client.api.start, name)
+        yield name
+    finally:
+        with anyio.CancelScope(shield=True):
+            await remove_container(s.client, s.tokens, name, s.id)
