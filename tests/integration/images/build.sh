@@ -6,6 +6,7 @@
 # Images (both Debian bookworm, from `debootstrap --variant=minbase`):
 #   corral.local/test:bookworm    sandbox image for the integration tests:
 #                                 ps, ip, nc (openbsd), ping, getent, tar, bash,
+#                                 iptables (to show a root agent cannot use it),
 #                                 python3 (full stdlib), busybox at
 #                                 /usr/local/bin/busybox, user corral (1000:1000).
 #                                 CMD ["sleep","infinity"].
@@ -48,7 +49,7 @@ EPOCH=1
 TEST_TAG=corral.local/test:$SUITE
 HOLDER_TAG=corral.local/holder:$SUITE
 # minbase already has bash, coreutils, tar, libc-bin (getent), dash (sh).
-TEST_PACKAGES=procps,iproute2,netcat-openbsd,iputils-ping,ca-certificates,busybox-static,python3,tini
+TEST_PACKAGES=procps,iproute2,netcat-openbsd,iputils-ping,iptables,ca-certificates,busybox-static,python3,tini
 HOLDER_PACKAGES=iptables,busybox-static,tini
 STD_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
@@ -99,16 +100,18 @@ imported_key() { # tag
 
 # ---- root filesystem -------------------------------------------------------
 
-WORK=""
-cleanup_work() {
-    [[ -n $WORK && -d $WORK ]] || return 0
-    # debootstrap mounts proc/sys (and maybe binds /dev) inside the target;
-    # unmount anything under WORK before deleting, deepest first.
+remove_tree() { # dir: unmount whatever is mounted below it, then delete it
     local m
+    # debootstrap mounts proc/sys (and may bind /dev) inside the target.
     while read -r m; do
         umount -l "$m" 2>/dev/null || true
-    done < <(awk -v w="$WORK/" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | sort -r)
-    rm -rf --one-file-system "$WORK"
+    done < <(awk -v w="$1/" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | sort -r)
+    rm -rf --one-file-system "$1"
+}
+
+WORK=""
+cleanup_work() {
+    [[ -n $WORK && -d $WORK ]] && remove_tree "$WORK"
     WORK=""
 }
 trap cleanup_work EXIT
@@ -147,6 +150,10 @@ customize_test() { # rootfs
         echo 'corral:x:1000:' >>"$r/etc/group"
         echo 'corral:*:19000:0:99999:7:::' >>"$r/etc/shadow"
     }
+    # No file capabilities on ping: with them, exec fails (EPERM) in a sandbox
+    # started with --cap-drop ALL; without them iputils uses ICMP datagram
+    # sockets, which Docker allows (net.ipv4.ping_group_range).
+    chroot "$r" python3 -c 'import os; os.removexattr("/usr/bin/ping", "security.capability")'
     install -d -m 0755 -o 1000 -g 1000 "$r/home/corral"
     cp -a "$r/etc/skel/." "$r/home/corral/" 2>/dev/null || true
     chown -R 1000:1000 "$r/home/corral"
@@ -207,7 +214,7 @@ build_rootfs() { # name rootfs-key
     local d
     for d in "$CACHE"/*/meta; do
         [[ $d == "$out/meta" ]] && continue
-        grep -qx "image=$name" "$d" 2>/dev/null && rm -rf --one-file-system "${d%/meta}"
+        grep -qx "image=$name" "$d" 2>/dev/null && remove_tree "${d%/meta}"
     done
     log "$name: cached $out/rootfs.tar ($(du -h "$out/rootfs.tar" | cut -f1))"
 }
@@ -227,9 +234,15 @@ import_image() { # name image-key rootfs-key
     case $name in
         holder) changes+=(--change 'ENTRYPOINT ["/usr/bin/tini","-s","--"]') ;;
     esac
+    local old_id new_id
+    old_id=$(docker image inspect -f '{{.Id}}' "$tag" 2>/dev/null || true)
     log "$name: docker import -> $tag"
-    docker import "${changes[@]}" --message "corral $name image, key $key" \
-        "$CACHE/$rkey/rootfs.tar" "$tag" >/dev/null
+    new_id=$(docker import "${changes[@]}" --message "corral $name image, key $key" \
+        "$CACHE/$rkey/rootfs.tar" "$tag")
+    # The previous build is now untagged; drop it unless a container uses it.
+    if [[ -n $old_id && $old_id != "$new_id" ]]; then
+        docker image rm "$old_id" >/dev/null 2>&1 || log "$name: kept previous image $old_id (in use)"
+    fi
 }
 
 ensure_image() { # name
@@ -278,5 +291,9 @@ timeout 10 docker info >/dev/null 2>&1 || die "docker daemon does not answer: ru
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"
 flock 9
+# Leftovers of a build that was killed hard; no build runs now (we hold the lock).
+for d in "$CACHE"/tmp.*; do
+    [[ -d $d ]] && { log "removing stale $d"; remove_tree "$d"; }
+done
 for n in "${names[@]}"; do ensure_image "$n"; done
 log "done"

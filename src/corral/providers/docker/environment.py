@@ -282,6 +282,7 @@ class DockerEnvironment(BaseEnvironment):
             default_timeout=plan.timeouts.operation_s,
             resolver_image=cfg.holder_image,
             labels=labels,
+            workdir=sandbox["Config"].get("WorkingDir") or "/",
         )
         session.image = image
         return session

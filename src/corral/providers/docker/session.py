@@ -46,6 +46,7 @@ class DockerSession(EnvironmentSession):
         default_timeout: float | None,
         resolver_image: str,
         labels: dict[str, str],
+        workdir: str,
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.client = client
@@ -63,6 +64,7 @@ class DockerSession(EnvironmentSession):
         self.default_timeout = default_timeout
         self.resolver_image = resolver_image
         self.labels = labels
+        self.workdir = workdir
 
     async def exec(
         self,
@@ -81,7 +83,7 @@ class DockerSession(EnvironmentSession):
             self.sandbox,
             argv(command),
             env=env or {},
-            workdir=cwd,
+            workdir=self._absolute(cwd) if cwd else None,
             user=user or self.user,
             stdin=stdin.encode() if isinstance(stdin, str) else stdin,
             timeout=timeout if timeout is not None else self.default_timeout,
@@ -89,11 +91,8 @@ class DockerSession(EnvironmentSession):
             output_limit=self.output_limit,
         )
 
-    async def _absolute(self, path: str) -> str:
-        if posixpath.isabs(path):
-            return posixpath.normpath(path)
-        result = await self.exec(["pwd"])
-        return posixpath.normpath(posixpath.join(result.stdout.strip() or "/", path))
+    def _absolute(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.workdir, path))
 
     async def _mkdir(self, path: str) -> None:
         result = await self.exec(["mkdir", "-p", path])
@@ -118,24 +117,24 @@ class DockerSession(EnvironmentSession):
         return stream
 
     async def upload(self, local: str | Path, remote: str) -> None:
-        target = await self._absolute(remote)
+        target = self._absolute(remote)
         parent, name = posixpath.split(target)
         await self._mkdir(parent)
         await self._put(parent, pack_file(local, name))
 
     async def download(self, remote: str, local: str | Path) -> None:
-        source = await self._absolute(remote)
+        source = self._absolute(remote)
         stream = await self._get(source)
         await call(self.tokens, extract_file, stream, local, remote)
 
     async def upload_dir(self, local_dir: str | Path, remote_dir: str) -> None:
-        target = await self._absolute(remote_dir)
+        target = self._absolute(remote_dir)
         await call(self.tokens, validate_dir, local_dir)
         await self._mkdir(target)
         await self._put(target, pack_dir(local_dir))
 
     async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None:
-        source = await self._absolute(remote_dir)
+        source = self._absolute(remote_dir)
         stream = await self._get(source)
         name = posixpath.basename(source.rstrip("/")) or "."
         await call(self.tokens, lambda: extract_tar(stream, local_dir, strip=name))
