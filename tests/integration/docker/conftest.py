@@ -18,6 +18,7 @@ from typing import Any
 
 import docker
 import pytest
+from docker.errors import ImageNotFound
 
 from corral.core.labels import OWNER
 from corral.providers.docker import DockerConfig, DockerEnvironment
@@ -52,7 +53,7 @@ def engine() -> Iterator[Any]:
     for image in (TEST_IMAGE, HOLDER_IMAGE):
         try:
             client.images.get(image)
-        except docker.errors.ImageNotFound:
+        except ImageNotFound:
             _unavailable(f"image {image} missing; run `bash tests/integration/images/build.sh`")
     yield client
     client.close()

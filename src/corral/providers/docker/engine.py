@@ -4,6 +4,7 @@ the failure is transient and the call idempotent."""
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -54,7 +55,8 @@ def connect(config: DockerConfig) -> Engine:
                 max_pool_size=config.max_workers,
             )
     except DockerException as exc:
-        raise ProviderError(f"cannot reach the Docker Engine: {exc}") from None
+        where = config.base_url or os.environ.get("DOCKER_HOST") or "the local socket"
+        raise ProviderError(f"cannot reach the Docker Engine at {where}: {exc}") from None
     return client
 
 

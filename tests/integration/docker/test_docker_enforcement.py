@@ -1,0 +1,178 @@
+"""Transport-layer enforcement on a real engine: every mode, every protocol, root inside."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import pytest
+
+from corral import EnvironmentSession, ExecutionPlan, NetworkPolicy, NetworkSchedule
+from corral.providers.docker import DockerEnvironment
+from corral.testing.plugin import EgressTarget
+from tests.integration.docker.conftest import ALLOWED_IP, DENIED_IP, TEST_IMAGE, UdpEcho
+
+pytestmark = pytest.mark.anyio
+
+
+def plan(policy: str | NetworkPolicy) -> ExecutionPlan:
+    return ExecutionPlan(
+        image=TEST_IMAGE, network=NetworkSchedule.model_validate({"baseline": policy})
+    )
+
+
+async def tcp(sandbox: EnvironmentSession, target: EgressTarget) -> bool:
+    result = await sandbox.exec(["nc", "-z", "-w", "3", target.host, str(target.port)])
+    return result.returncode == 0
+
+
+async def udp(sandbox: EnvironmentSession, server: UdpEcho) -> bool:
+    script = (
+        "import socket,sys\n"
+        "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(2)\n"
+        f"s.sendto(b'hi',('{server.sock.getsockname()[0]}',{server.port}))\n"
+        "try:\n print(s.recv(64).decode())\nexcept OSError as e:\n print('err',e);sys.exit(1)\n"
+    )
+    result = await sandbox.exec(["python3", "-c", script])
+    return result.returncode == 0 and "echo:hi" in result.stdout
+
+
+async def icmp(sandbox: EnvironmentSession, address: str) -> bool:
+    result = await sandbox.exec(["ping", "-c", "1", "-W", "2", address])
+    return result.returncode == 0
+
+
+async def dns(sandbox: EnvironmentSession, name: str) -> bool:
+    # The holder's container name resolves only through Docker's embedded DNS server.
+    result = await sandbox.exec(["getent", "hosts", name])
+    return result.returncode == 0
+
+
+CASES = {
+    "public": ("public", (True, True)),
+    "no-network": ("no-network", (False, False)),
+    "allowlist-address": (f"allowlist:{ALLOWED_IP}", (True, False)),
+    "allowlist-hostname": ("allowlist:allowed.corral.test", (True, False)),
+    "denylist-address": (f"denylist:{DENIED_IP}", (True, False)),
+    "denylist-hostname": ("denylist:denied.corral.test", (True, False)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+async def test_each_mode_for_tcp_udp_icmp(
+    docker_env: DockerEnvironment,
+    case: str,
+    tcp_targets: list[EgressTarget],
+    udp_targets: list[UdpEcho],
+) -> None:
+    policy, (allowed, denied) = CASES[case]
+    async with docker_env.session(plan(policy)) as sandbox:
+        seen = {
+            "tcp": (await tcp(sandbox, tcp_targets[0]), await tcp(sandbox, tcp_targets[1])),
+            "udp": (await udp(sandbox, udp_targets[0]), await udp(sandbox, udp_targets[1])),
+            "icmp": (await icmp(sandbox, ALLOWED_IP), await icmp(sandbox, DENIED_IP)),
+        }
+    assert seen == {proto: (allowed, denied) for proto in seen}, case
+
+
+async def test_no_network_fails_fast(
+    docker_env: DockerEnvironment, tcp_targets: list[EgressTarget]
+) -> None:
+    async with docker_env.session(plan("no-network")) as sandbox:
+        started = time.monotonic()
+        result = await sandbox.exec(["nc", "-z", "-w", "10", ALLOWED_IP, str(tcp_targets[0].port)])
+        elapsed = time.monotonic() - started
+    assert result.returncode != 0
+    assert elapsed < 2, f"a refused connection took {elapsed:.2f} s; REJECT should be immediate"
+
+
+async def test_dns_closed_under_no_network_and_address_allowlist(
+    docker_env: DockerEnvironment,
+) -> None:
+    async with docker_env.session(plan("public")) as sandbox:
+        holder_name = f"corral-{sandbox.id}-holder"
+        assert await dns(sandbox, holder_name), "embedded DNS must answer under public"
+        await sandbox.set_network_policy(NetworkPolicy.no_network())
+        assert not await dns(sandbox, holder_name)
+        await sandbox.set_network_policy(NetworkPolicy.allowlist(ALLOWED_IP))
+        assert not await dns(sandbox, holder_name)
+        await sandbox.set_network_policy(NetworkPolicy.allowlist("allowed.corral.test"))
+        assert await dns(sandbox, holder_name), "hostname allowlists keep the resolver"
+
+
+async def test_root_in_the_sandbox_cannot_change_the_rules(
+    docker_env: DockerEnvironment, tcp_targets: list[EgressTarget]
+) -> None:
+    async with docker_env.session(plan("no-network")) as sandbox:
+        attempts = {
+            "flush": "iptables -F",
+            "flush6": "ip6tables -F",
+            "legacy": "iptables-legacy -F",
+            "policy": "iptables -P OUTPUT ACCEPT",
+            "link": "ip link set eth0 down",
+            "route": "ip route add 10.214.0.0/24 dev lo",
+            "netns": "unshare --net true",
+            "nft": "iptables-nft -F",  # the nf_tables netlink API, as nft(8) would use it
+            "raw": 'python3 -c "import socket; socket.socket(2, 3, 1)"',
+        }
+        results = {name: await sandbox.exec(cmd) for name, cmd in attempts.items()}
+        whoami = await sandbox.exec(["id", "-u"])
+        still_closed = not await tcp(sandbox, tcp_targets[0])
+    assert whoami.stdout.strip() == "0"
+    succeeded = [name for name, r in results.items() if r.returncode == 0]
+    assert succeeded == [], f"root changed the network from inside: {succeeded}"
+    assert still_closed
+
+
+async def test_switch_cuts_an_open_connection(
+    docker_env: DockerEnvironment, udp_targets: list[UdpEcho]
+) -> None:
+    """A flow opened under public does not survive a switch to no-network."""
+    server = udp_targets[0]
+    script = (
+        "import socket,time\n"
+        "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(0.5)\n"
+        f"s.connect(('{ALLOWED_IP}',{server.port}))\n"
+        "for i in range(30):\n"
+        " try:\n  s.send(b'x');s.recv(64);print('ok',flush=True)\n"
+        " except OSError:\n  print('blocked',flush=True)\n"
+        " time.sleep(0.1)\n"
+    )
+    lines: list[str] = []
+    async with docker_env.session(plan("public")) as sandbox, anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            result = await sandbox.exec(["python3", "-c", script], timeout=60)
+            lines.extend(result.stdout.split())
+
+        tg.start_soon(run)
+        await anyio.sleep(1.0)
+        await sandbox.set_network_policy(NetworkPolicy.no_network())
+    assert lines[0] == "ok"
+    assert lines[-1] == "blocked"
+    assert "ok" not in lines[lines.index("blocked") :]
+
+
+async def test_two_sandboxes_cannot_reach_each_other(docker_env: DockerEnvironment) -> None:
+    async with docker_env.session(plan("public")) as a, docker_env.session(plan("public")) as b:
+        assert isinstance(a, type(b))
+        address: Any = getattr(a, "holder_address")  # noqa: B009
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: a.exec(["nc", "-l", "-p", "9000"], timeout=8))
+            await anyio.sleep(0.5)
+            reach = await b.exec(["nc", "-z", "-w", "2", address, "9000"])
+            own = await a.exec(["nc", "-z", "-w", "2", "127.0.0.1", "9000"])
+            tg.cancel_scope.cancel()
+    assert own.returncode == 0, "the listener works locally"
+    assert reach.returncode != 0, "a sandbox reached another sandbox"
+
+
+async def test_failed_switch_keeps_the_old_policy(
+    docker_env: DockerEnvironment, tcp_targets: list[EgressTarget]
+) -> None:
+    async with docker_env.session(plan("no-network")) as sandbox:
+        with pytest.raises(ValueError, match="wildcard"):
+            await sandbox.set_network_policy(NetworkPolicy.allowlist("*.corral.test"))
+        assert sandbox.policy == NetworkPolicy.no_network()
+        assert not await tcp(sandbox, tcp_targets[0])

@@ -1,0 +1,140 @@
+"""Open/close on a real engine: cancellation, bad input, gc, and a holder that lies."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+from corral import (
+    ConfigError,
+    ExecutionPlan,
+    NetworkPolicyNotEnforced,
+    NetworkPolicyUnsupported,
+    ProviderError,
+    Timeouts,
+)
+from corral.core.labels import OWNER
+from corral.providers.docker import DockerConfig, DockerEnvironment
+from tests.integration.docker.conftest import HOLDER_IMAGE, TEST_IMAGE, make_env
+
+pytestmark = pytest.mark.anyio
+
+
+def leftovers(engine: Any, owner: str) -> list[str]:
+    selector = {"label": f"{OWNER}={owner}"}
+    return [c.name for c in engine.containers.list(all=True, filters=selector)] + [
+        n.name for n in engine.networks.list(filters=selector)
+    ]
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.2, 0.4, 0.7, 1.0, 1.4, 1.8, 2.4])
+async def test_cancelling_open_at_any_point_leaves_nothing(
+    engine: Any, owner: str, delay: float
+) -> None:
+    env = make_env(f"{owner}-c")
+    with anyio.move_on_after(delay):
+        session = await env.open(ExecutionPlan(image=TEST_IMAGE, network="no-network"))  # type: ignore[arg-type]
+        await env.close(session)
+    assert leftovers(engine, f"{owner}-c") == []
+
+
+async def test_unknown_image_fails_fast_and_names_it(engine: Any, owner: str) -> None:
+    env = make_env(owner)
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="no-such/image:1"):
+        await env.open(ExecutionPlan(image="no-such/image:1"))
+    assert time.monotonic() - started < 5
+    assert leftovers(engine, owner) == []
+
+
+async def test_engine_down_is_a_clear_error() -> None:
+    env = DockerEnvironment(DockerConfig(base_url="unix:///run/corral-no-such.sock"))
+    started = time.monotonic()
+    with pytest.raises(ProviderError, match="corral-no-such.sock"):
+        await env.open(ExecutionPlan(image=TEST_IMAGE))
+    assert time.monotonic() - started < 15
+
+
+def test_bad_config_names_the_value() -> None:
+    with pytest.raises(ValueError, match="NET_ADMIN"):
+        DockerConfig(capabilities=("CHOWN", "NET_ADMIN"))
+    with pytest.raises(ValueError, match="10.0.0.1/8"):
+        DockerConfig(address_pool="10.0.0.1/8")
+    with pytest.raises(ValueError, match="nope"):
+        DockerConfig.model_validate({"nope": 1})
+    with pytest.raises(ValueError, match="/a/b/c"):
+        DockerConfig(mounts=("/a/b/c",))
+    assert "hunter2" not in repr(DockerConfig(registry_password="hunter2"))  # type: ignore[arg-type]
+
+
+async def test_unenforceable_policy_is_refused_before_anything_exists(
+    engine: Any, owner: str
+) -> None:
+    env = make_env(owner)
+    plan = ExecutionPlan(image=TEST_IMAGE, network="allowlist:*.corral.test")  # type: ignore[arg-type]
+    with pytest.raises(NetworkPolicyUnsupported, match=r"\*\.corral\.test.*baseline"):
+        await env.open(plan)
+    assert leftovers(engine, owner) == []
+
+
+async def test_gc_removes_only_expired_sessions(engine: Any, owner: str) -> None:
+    env = make_env(f"{owner}-gc")
+    stale = await env.open(ExecutionPlan(image=TEST_IMAGE, timeouts=Timeouts(max_lifetime_s=1)))
+    fresh = await env.open(ExecutionPlan(image=TEST_IMAGE))
+    other = make_env(f"{owner}-other")
+    foreign = await other.open(ExecutionPlan(image=TEST_IMAGE, timeouts=Timeouts(max_lifetime_s=1)))
+    await anyio.sleep(2.1)
+    removed = await env.gc()
+    assert sorted(removed) == sorted(
+        [
+            f"container corral-{stale.id}-sandbox",
+            f"container corral-{stale.id}-holder",
+            f"network corral-{stale.id}",
+        ]
+    )
+    assert (await fresh.exec(["true"])).returncode == 0
+    assert (await foreign.exec(["true"])).returncode == 0, "gc touched another owner"
+    await env.close(stale)  # already collected: close is still safe
+    await env.close(fresh)
+    await other.close(foreign)
+    assert leftovers(engine, f"{owner}-gc") == [] and leftovers(engine, f"{owner}-other") == []
+
+
+@pytest.fixture(scope="module")
+def lying_holder(engine: Any) -> Iterator[str]:
+    """A holder whose iptables-restore accepts the payload and installs nothing."""
+    tag = "corral.local/holder-lying:test"
+    dockerfile = (
+        f"FROM {HOLDER_IMAGE}\n"
+        "RUN for t in iptables-restore ip6tables-restore; do "
+        "rm /usr/sbin/$t; printf '#!/bin/sh\\ncat >/dev/null\\n' > /usr/sbin/$t; "
+        "chmod +x /usr/sbin/$t; done\n"
+    )
+    engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
+    yield tag
+    engine.images.remove(tag, force=True)
+
+
+async def test_unenforced_policy_raises_and_leaves_nothing(
+    engine: Any, owner: str, lying_holder: str
+) -> None:
+    env = make_env(f"{owner}-lie", holder_image=lying_holder)
+    with pytest.raises(NetworkPolicyNotEnforced, match="got through|not through"):
+        await env.open(ExecutionPlan(image=TEST_IMAGE, network="no-network"))  # type: ignore[arg-type]
+    assert leftovers(engine, f"{owner}-lie") == []
+
+
+async def test_unenforced_switch_closes_the_session(
+    engine: Any, owner: str, lying_holder: str
+) -> None:
+    env = make_env(f"{owner}-lie2", holder_image=lying_holder)
+    session = await env.open(ExecutionPlan(image=TEST_IMAGE))
+    with pytest.raises(NetworkPolicyNotEnforced, match="session was closed"):
+        await session.set_network_policy("no-network")
+    assert session.closed
+    assert leftovers(engine, f"{owner}-lie2") == []
