@@ -158,14 +158,15 @@ async def test_two_sandboxes_cannot_reach_each_other(docker_env: DockerEnvironme
     async with docker_env.session(plan("public")) as a, docker_env.session(plan("public")) as b:
         assert isinstance(a, type(b))
         address: Any = getattr(a, "holder_address")  # noqa: B009
+        reach = own = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: a.exec(["nc", "-l", "-p", "9000"], timeout=8))
             await anyio.sleep(0.5)
             reach = await b.exec(["nc", "-z", "-w", "2", address, "9000"])
             own = await a.exec(["nc", "-z", "-w", "2", "127.0.0.1", "9000"])
             tg.cancel_scope.cancel()
-    assert own.returncode == 0, "the listener works locally"
-    assert reach.returncode != 0, "a sandbox reached another sandbox"
+    assert own is not None and own.returncode == 0, "the listener works locally"
+    assert reach is not None and reach.returncode != 0, "a sandbox reached another sandbox"
 
 
 async def test_failed_switch_keeps_the_old_policy(
