@@ -23,7 +23,9 @@ app = typer.Typer(help="Sandbox environments for agent harnesses.", no_args_is_h
 list_app = typer.Typer(help="List things corral knows about.", no_args_is_help=True)
 config_app = typer.Typer(help="Configuration reference.", no_args_is_help=True)
 docs_app = typer.Typer(help="Document a config model.", no_args_is_help=True)
+docker_app = typer.Typer(help="Docker provider tools.", no_args_is_help=True)
 app.add_typer(list_app, name="list")
+app.add_typer(docker_app, name="docker")
 app.add_typer(config_app, name="config")
 config_app.add_typer(docs_app, name="docs")
 
@@ -175,3 +177,21 @@ def gc(env_id: EnvOption, param: ParamOption = None) -> None:
     for item in removed:
         console.print(f"removed {item}")
     console.print(f"{len(removed)} expired resource(s) removed")
+
+
+@docker_app.command("build-holder")
+def build_holder(
+    tag: Annotated[str, typer.Option(help="tag of the holder image")] = "corral/holder:0.1",
+    base: Annotated[str, typer.Option(help="Debian bookworm base image")] = (
+        "debian:bookworm-slim"
+    ),
+) -> None:
+    """Build the network holder image from the Dockerfile shipped in the package."""
+    from corral.providers.docker.holder import build_holder_image
+
+    try:
+        image_id = build_holder_image(tag, base)
+    except CorralError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    console.print(f"built {tag} ({image_id[:19]}); set holder_image={tag!r}")

@@ -18,6 +18,7 @@ import anyio
 from anyio.lowlevel import RunVar
 
 from corral.core.config import RuntimeEnvironmentConfig
+from corral.core.logs import event
 from corral.core.plan import RECIPES, ExecutionPlan, RecipeRegistry
 from corral.core.registry import EnvironmentRegistry
 from corral.core.session import EnvironmentSession
@@ -126,27 +127,27 @@ class BaseEnvironment(abc.ABC):
                     ) from exc
         except BaseException as exc:
             await _unwind(owned, exc)
-            log.warning(
+            event(
+                log,
+                "warning",
                 "open failed",
-                extra={
-                    "provider": self.id,
-                    "error": type(exc).__name__,
-                    "duration_s": round(anyio.current_time() - started, 3),
-                },
+                provider=self.id,
+                error=type(exc).__name__,
+                duration_s=round(anyio.current_time() - started, 3),
             )
             raise
         session.environment = self
         session.owned = owned
-        log.info(
+        event(
+            log,
+            "info",
             "sandbox opened",
-            extra={
-                "provider": self.id,
-                "sandbox": session.id,
-                "image": session.image,
-                "phase": "baseline",
-                "mode": session.policy.network_mode.value,
-                "duration_s": round(anyio.current_time() - started, 3),
-            },
+            provider=self.id,
+            sandbox=session.id,
+            image=session.image,
+            phase="baseline",
+            mode=session.policy.network_mode.value,
+            duration_s=round(anyio.current_time() - started, 3),
         )
         return session
 
@@ -162,13 +163,13 @@ class BaseEnvironment(abc.ABC):
             return
         started = anyio.current_time()
         await _unwind(owned, None)
-        log.info(
+        event(
+            log,
+            "info",
             "sandbox closed",
-            extra={
-                "provider": self.id,
-                "sandbox": session.id,
-                "duration_s": round(anyio.current_time() - started, 3),
-            },
+            provider=self.id,
+            sandbox=session.id,
+            duration_s=round(anyio.current_time() - started, 3),
         )
 
     @asynccontextmanager
@@ -197,7 +198,7 @@ async def _unwind(owned: AsyncExitStack, primary: BaseException | None) -> None:
             if primary is None:
                 raise
             primary.add_note(f"corral: cleanup after the failure also failed: {exc!r}")
-            log.error("cleanup failed", extra={"error": repr(exc)})
+            event(log, "error", "cleanup failed", error=repr(exc))
     if scope.cancelled_caught:
         log.error("cleanup exceeded %.0f s; resources may remain", CLEANUP_TIMEOUT_S)
 

@@ -11,6 +11,7 @@ from typing import TypeVar
 import anyio
 
 from corral.core.environment import BaseEnvironment
+from corral.core.logs import event
 from corral.core.plan import ExecutionPlan
 from corral.core.session import EnvironmentSession
 from corral.network.policy import NetworkMode, NetworkPolicy, NetworkSchedule, Phase
@@ -32,9 +33,12 @@ def with_always_allowed(
     if mode is NetworkMode.ALLOWLIST:
         return NetworkPolicy.allowlist(*policy.allowed_hosts, *targets)
     if mode is NetworkMode.NO_NETWORK:
-        log.warning(
+        event(
+            log,
+            "warning",
             "always_allow turns no-network into an allowlist",
-            extra={"phase": phase, "targets": [str(t) for t in targets]},
+            phase=phase,
+            targets=[str(t) for t in targets],
         )
         return NetworkPolicy.allowlist(*targets)
     return policy
@@ -135,9 +139,13 @@ class TaskRun:
                     raise
                 primary.add_note(f"corral: restoring the {phase!r} policy failed: {failure!r}")
                 setattr(primary, "restore_error", failure)  # noqa: B010
-                log.error(
+                event(
+                    log,
+                    "error",
                     "restore failed",
-                    extra={"sandbox": session.id, "phase": phase, "error": repr(failure)},
+                    sandbox=session.id,
+                    phase=phase,
+                    error=repr(failure),
                 )
 
     async def _switch(self, session: EnvironmentSession, phase: Phase) -> None:
@@ -146,14 +154,14 @@ class TaskRun:
         if policy != session.policy:
             await session.set_network_policy(policy)
         self._record(session, phase)
-        log.info(
+        event(
+            log,
+            "info",
             "phase",
-            extra={
-                "sandbox": session.id,
-                "phase": phase,
-                "mode": policy.network_mode.value,
-                "duration_s": round(anyio.current_time() - started, 4),
-            },
+            sandbox=session.id,
+            phase=phase,
+            mode=policy.network_mode.value,
+            duration_s=round(anyio.current_time() - started, 4),
         )
 
     def _record(self, session: EnvironmentSession, phase: Phase) -> None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 from pydantic import BaseModel, ConfigDict
 
+from corral.core.logs import event
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
 from corral.errors import NetworkPolicyNotEnforced, NetworkPolicyUnsupported
 from corral.network.policy import NetworkPolicy
@@ -155,13 +156,13 @@ class EnvironmentSession(abc.ABC):
         started = anyio.current_time()
         await self._apply_network_policy(new)
         self.policy = new
-        log.info(
+        event(
+            log,
+            "info",
             "network policy applied",
-            extra={
-                "sandbox": self.id,
-                "mode": new.network_mode.value,
-                "duration_s": round(anyio.current_time() - started, 4),
-            },
+            sandbox=self.id,
+            mode=new.network_mode.value,
+            duration_s=round(anyio.current_time() - started, 4),
         )
 
     async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
