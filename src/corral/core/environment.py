@@ -15,8 +15,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, ClassVar
 
 import anyio
-from anyio.lowlevel import RunVar
 
+from corral.core.blocking import limiter
 from corral.core.config import RuntimeEnvironmentConfig
 from corral.core.logs import event
 from corral.core.plan import RECIPES, ExecutionPlan, RecipeRegistry
@@ -30,20 +30,6 @@ from corral.network.targets import EntryType
 log = logging.getLogger("corral.environment")
 
 CLEANUP_TIMEOUT_S = 120.0
-
-_limiters: RunVar[dict[str, anyio.CapacityLimiter]] = RunVar("corral_open_limiters")
-
-
-def open_limiter(provider: str, tokens: int) -> anyio.CapacityLimiter:
-    """The process-wide limiter of concurrent opens for one provider (per event loop)."""
-    try:
-        limiters = _limiters.get()
-    except LookupError:
-        limiters: dict[str, anyio.CapacityLimiter] = {}
-        _limiters.set(limiters)
-    if provider not in limiters:
-        limiters[provider] = anyio.CapacityLimiter(tokens)
-    return limiters[provider]
 
 
 class BaseEnvironment(abc.ABC):
@@ -116,7 +102,7 @@ class BaseEnvironment(abc.ABC):
         started = anyio.current_time()
         owned = AsyncExitStack()
         try:
-            async with open_limiter(self.id, self.max_concurrent_opens):
+            async with limiter(f"open:{self.id}", self.max_concurrent_opens):
                 try:
                     with anyio.fail_after(plan.timeouts.startup_s):
                         session = await self._open(plan, owned)

@@ -3,23 +3,15 @@ the failure is transient and the call idempotent."""
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-import anyio
 import docker
 import requests
-from anyio.lowlevel import RunVar
 from docker.errors import APIError, DockerException
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-)
 
+from corral.core.blocking import run_blocking, run_idempotent
 from corral.errors import ProviderError
 from corral.providers.docker.config import DockerConfig
 
@@ -28,8 +20,6 @@ Engine = Any
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-_limiter: RunVar[anyio.CapacityLimiter] = RunVar("corral_docker_threads")
 
 
 def connect(config: DockerConfig) -> Engine:
@@ -60,15 +50,6 @@ def connect(config: DockerConfig) -> Engine:
     return client
 
 
-def limiter(tokens: int) -> anyio.CapacityLimiter:
-    try:
-        return _limiter.get()
-    except LookupError:
-        created = anyio.CapacityLimiter(tokens)
-        _limiter.set(created)
-        return created
-
-
 def transient(exc: BaseException) -> bool:
     """Connection resets and 5xx/429 from the engine; never 4xx answers."""
     if isinstance(exc, requests.ConnectionError | requests.Timeout):
@@ -79,20 +60,10 @@ def transient(exc: BaseException) -> bool:
 
 
 async def call(tokens: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run one blocking call in a worker thread (never on the event loop)."""
-    return await anyio.to_thread.run_sync(
-        functools.partial(fn, *args, **kwargs), limiter=limiter(tokens)
-    )
+    """Run one blocking Engine API call in a worker thread (never on the event loop)."""
+    return await run_blocking("docker", tokens, fn, *args, **kwargs)
 
 
 async def idempotent(tokens: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """`call`, retried on transient engine errors; only for calls safe to repeat."""
-    async for attempt in AsyncRetrying(
-        retry=retry_if_exception(transient),
-        stop=stop_after_attempt(4),
-        wait=wait_exponential(multiplier=0.2, max=2),
-        reraise=True,
-    ):
-        with attempt:
-            return await call(tokens, fn, *args, **kwargs)
-    raise AssertionError("unreachable")
+    return await run_idempotent(transient, "docker", tokens, fn, *args, **kwargs)

@@ -1,0 +1,57 @@
+"""Blocking SDK calls: in worker threads under a named limiter, never on the event loop,
+retried only when the caller says the failure is transient and the call idempotent."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+import anyio
+from anyio.lowlevel import RunVar
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_limiters: RunVar[dict[str, anyio.CapacityLimiter]] = RunVar("corral_limiters")
+
+
+def limiter(key: str, tokens: int) -> anyio.CapacityLimiter:
+    """The process-wide limiter named `key` (one per event loop), created on first use."""
+    try:
+        limiters = _limiters.get()
+    except LookupError:
+        limiters: dict[str, anyio.CapacityLimiter] = {}
+        _limiters.set(limiters)
+    if key not in limiters:
+        limiters[key] = anyio.CapacityLimiter(tokens)
+    return limiters[key]
+
+
+async def run_blocking(
+    key: str, tokens: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+) -> T:
+    return await anyio.to_thread.run_sync(
+        functools.partial(fn, *args, **kwargs), limiter=limiter(key, tokens)
+    )
+
+
+async def run_idempotent(
+    transient: Callable[[BaseException], bool],
+    key: str,
+    tokens: int,
+    fn: Callable[P, T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """`run_blocking`, retried with backoff while `transient(error)` holds."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(transient),
+        stop=stop_after_attempt(4),
+        wait=wait_exponential(multiplier=0.2, max=2),
+        reraise=True,
+    ):
+        with attempt:
+            return await run_blocking(key, tokens, fn, *args, **kwargs)
+    raise AssertionError("unreachable: tenacity reraises the last error")
