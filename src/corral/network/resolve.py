@@ -14,6 +14,36 @@ from corral.network.targets import EntryType, IPAddress, IPNetwork
 
 Resolver = Callable[[str], Awaitable[Sequence[IPAddress]]]
 
+#: Run inside the sandbox as `sh -c GETENT_SCRIPT sh host...`: resolves the way its
+#: processes do (nsswitch: /etc/hosts, then its DNS resolver).
+GETENT_SCRIPT = (
+    'for h in "$@"; do getent ahosts "$h" | while read -r a rest; do echo "$h $a"; done; done; true'
+)
+
+
+def parse_resolv_conf(text: str) -> tuple[IPAddress, ...]:
+    """The nameservers of a resolv.conf: the sandbox's resolvers."""
+    servers: list[IPAddress] = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "nameserver":
+            try:
+                servers.append(ipaddress.ip_address(parts[1].split("%")[0]))
+            except ValueError:
+                continue
+    return tuple(servers)
+
+
+def parse_getent(output: str) -> dict[str, list[IPAddress]]:
+    found: dict[str, list[IPAddress]] = {}
+    for line in output.splitlines():
+        host, _, address = line.partition(" ")
+        try:
+            found.setdefault(host, []).append(ipaddress.ip_address(address.strip()))
+        except ValueError:
+            continue
+    return found
+
 
 class Resolution(BaseModel):
     """Addresses of a policy's hostnames, as the sandbox resolved them, and its resolvers."""

@@ -11,7 +11,8 @@ import pytest
 from corral import EnvironmentSession, ExecutionPlan, NetworkPolicy, NetworkSchedule
 from corral.providers.docker import DockerEnvironment
 from corral.testing.plugin import EgressTarget
-from tests.integration.docker.conftest import ALLOWED_IP, DENIED_IP, TEST_IMAGE, UdpEcho
+from tests.integration.conftest import ALLOWED_IP, DENIED_IP, UdpEcho
+from tests.integration.docker.conftest import TEST_IMAGE
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,6 @@ IPv4 table is restored, so the old policy stays whole.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Sequence
 
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
@@ -15,7 +14,13 @@ from corral.errors import NetworkPolicyNotEnforced, ProviderError
 from corral.network.iptables import CHAIN, render_iptables
 from corral.network.policy import NetworkPolicy
 from corral.network.probe import DISCARD_PORT, forbidden_probe
-from corral.network.resolve import Resolution, resolve_policy
+from corral.network.resolve import (
+    GETENT_SCRIPT,
+    Resolution,
+    parse_getent,
+    parse_resolv_conf,
+    resolve_policy,
+)
 from corral.network.targets import IPAddress
 from corral.providers.docker.engine import Engine
 from corral.providers.docker.execution import run_exec
@@ -38,11 +43,6 @@ $CORRAL_PROBE_TABLES -w 5 -nvxL "$CORRAL_CHAIN" \
   | awk '$3 == "REJECT" {n += $1} END {print "rejects=" n+0}'
 """
 
-_RESOLVE = r"""
-for h in "$@"; do getent ahosts "$h" | while read -r a rest; do echo "$h $a"; done; done
-true
-"""
-
 
 async def dns_servers(api: Engine, tokens: int, holder: str) -> tuple[IPAddress, ...]:
     result = await run_exec(
@@ -58,29 +58,20 @@ async def dns_servers(api: Engine, tokens: int, holder: str) -> tuple[IPAddress,
         on_output=None,
         output_limit=DEFAULT_OUTPUT_LIMIT,
     )
-    servers: list[IPAddress] = []
-    for line in result.stdout.splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0] == "nameserver":
-            try:
-                servers.append(ipaddress.ip_address(parts[1].split("%")[0]))
-            except ValueError:
-                continue
-    return tuple(servers)
+    return parse_resolv_conf(result.stdout)
 
 
 async def resolve_in(
     api: Engine, tokens: int, container: str, hosts: Sequence[str]
 ) -> dict[str, list[IPAddress]]:
     """Resolve `hosts` the way processes in `container`'s namespace do (getent)."""
-    found: dict[str, list[IPAddress]] = {h: [] for h in hosts}
     if not hosts:
-        return found
+        return {}
     result = await run_exec(
         api,
         tokens,
         container,
-        ["sh", "-c", _RESOLVE, "sh", *hosts],
+        ["sh", "-c", GETENT_SCRIPT, "sh", *hosts],
         env={},
         workdir=None,
         user="0",
@@ -89,13 +80,7 @@ async def resolve_in(
         on_output=None,
         output_limit=DEFAULT_OUTPUT_LIMIT,
     )
-    for line in result.stdout.splitlines():
-        host, _, address = line.partition(" ")
-        try:
-            found.setdefault(host, []).append(ipaddress.ip_address(address.strip()))
-        except ValueError:
-            continue
-    return found
+    return parse_getent(result.stdout)
 
 
 async def apply_policy(
