@@ -207,6 +207,8 @@ done
 clean_network
 clean_iptables iptables
 clean_iptables ip6tables
+clean_iptables iptables-legacy
+clean_iptables ip6tables-legacy
 clean_ipsets
 clean_mounts
 clean_cgroups

@@ -179,6 +179,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_port = "0"
   enable_selinux = false
   netns_mounts_under_state_dir = true
+  # This machine refuses negative oom_score_adj values (even for root); kubelet asks -998
+  # for sandboxes, which makes runc fail with "can't get final child's PID from pipe".
+  # Clamp to containerd's own score instead.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -241,6 +245,7 @@ containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
 cgroupDriver: cgroupfs
 failCgroupV1: false
 failSwapOn: false
+oomScoreAdj: 0
 clusterDomain: cluster.local
 resolvConf: /etc/resolv.conf
 podLogsDir: $CLUSTER_STATE/pod-logs
