@@ -1,0 +1,216 @@
+"""Exec over the API server's exec websocket (v5 channel protocol, binary frames).
+
+The websocket is driven in one worker thread: stdin goes out in frames of at most 1 MiB
+and is closed through the v5 CLOSE signal; stdout/stderr are read until the stream
+closes (draining, so large output is never cut short); the exit code comes from the
+status channel. The command runs under `env CORRAL_EXEC=<marker>` so that a timeout can
+kill its whole tree inside the Pod.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import anyio
+import anyio.from_thread
+from kubernetes.client.exceptions import ApiException
+from kubernetes.stream.ws_client import ERROR_CHANNEL, STDERR_CHANNEL, STDOUT_CHANNEL
+
+from corral.core.markers import MARKER, kill_tree_argv, new_marker
+from corral.core.output import BoundedOutput, StreamDecoder
+from corral.core.session import TIMEOUT_RETURNCODE, ExecResult, OutputCallback, Stream, emit
+from corral.errors import ProviderError
+from corral.providers.k8s.api import Api, call, explain
+
+stream: Api = importlib.import_module("kubernetes.stream").stream
+
+FRAME = 1024 * 1024
+_CHANNELS: dict[int, Stream] = {STDOUT_CHANNEL: "stdout", STDERR_CHANNEL: "stderr"}
+
+Sink = Callable[[Stream, bytes], None]
+
+
+class Target:
+    """Where execs go: one container of one Pod."""
+
+    def __init__(self, clients: Api, tokens: int, namespace: str, pod: str) -> None:
+        self.clients = clients
+        self.tokens = tokens
+        self.namespace = namespace
+        self.pod = pod
+
+
+def wrapped(args: list[str], cwd: str | None, env: Mapping[str, str], marker: str) -> list[str]:
+    """`args` run in `cwd` with `env` and the tree marker (the exec API has neither)."""
+    assignments = [f"{k}={v}" for k, v in env.items()]
+    inner = ["env", f"{MARKER}={marker}", *assignments, *args]
+    return ["sh", "-c", 'cd "$0" && exec "$@"', cwd or ".", *inner]
+
+
+def exit_code(status: str) -> int | None:
+    """The exit code from the status channel's JSON."""
+    if not status:
+        return None
+    try:
+        parsed: dict[str, Any] = json.loads(status)
+    except ValueError:
+        return None
+    if parsed.get("status") == "Success":
+        return 0
+    details: dict[str, Any] = parsed.get("details") or {}
+    causes: list[dict[str, Any]] = details.get("causes") or []
+    for cause in causes:
+        if cause.get("reason") == "ExitCode":
+            return int(cause.get("message", "1"))
+    raise ProviderError(f"exec failed in the Pod: {parsed.get('message', status)}")
+
+
+class ExecStream:
+    """One exec, driven in the calling thread; iterating yields (stream, bytes) as they
+    arrive, after which `status` holds the status channel's JSON."""
+
+    def __init__(
+        self,
+        target: Target,
+        argv: list[str],
+        stdin: Iterable[bytes] | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        self.target = target
+        self.argv = argv
+        self.stdin = stdin
+        self.deadline = deadline
+        self.status: str = ""
+        self.timed_out = False
+
+    def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
+        try:
+            ws: Any = stream(
+                self.target.clients.core.connect_get_namespaced_pod_exec,
+                self.target.pod,
+                self.target.namespace,
+                command=self.argv,
+                stdin=self.stdin is not None,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                _preload_content=False,
+                binary=True,
+            )
+        except ApiException as exc:
+            raise ProviderError(f"exec in Pod {self.target.pod} failed: {explain(exc)}") from None
+        status: bytes = b""
+        try:
+            if self.stdin is not None:
+                for chunk in self.stdin:
+                    for start in range(0, len(chunk), FRAME):
+                        ws.write_stdin(chunk[start : start + FRAME])
+                ws.close_channel(0)
+            while ws.is_open():
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    self.timed_out = True
+                    return
+                ws.update(timeout=0.2)
+                yield from _drain(ws)
+                status += _channel(ws, ERROR_CHANNEL)
+            yield from _drain(ws)
+            status += _channel(ws, ERROR_CHANNEL)
+        finally:
+            ws.close()
+            self.status = status.decode("utf-8", errors="replace")
+
+
+def run_blocking_exec(
+    target: Target,
+    argv: list[str],
+    stdin: Iterable[bytes] | None,
+    deadline: float | None,
+    sink: Sink,
+) -> tuple[str, bool]:
+    """Drive one exec to completion in this thread; returns (status JSON, timed out)."""
+    execution = ExecStream(target, argv, stdin, deadline)
+    for name, data in execution:
+        sink(name, data)
+    return execution.status, execution.timed_out
+
+
+def _channel(ws: Any, channel: int) -> bytes:
+    data: bytes | str = ws.read_channel(channel) or b""
+    return data if isinstance(data, bytes) else data.encode()
+
+
+def _drain(ws: Any) -> Iterator[tuple[Stream, bytes]]:
+    for channel, name in _CHANNELS.items():
+        data = _channel(ws, channel)
+        if data:
+            yield name, data
+
+
+async def run_exec(
+    target: Target,
+    args: list[str],
+    *,
+    cwd: str | None,
+    env: Mapping[str, str],
+    stdin: bytes | None,
+    timeout: float | None,
+    on_output: OutputCallback | None,
+    output_limit: int,
+) -> ExecResult:
+    started = time.monotonic()
+    marker = new_marker()
+    outputs = {"stdout": BoundedOutput(output_limit), "stderr": BoundedOutput(output_limit)}
+    decoders = {"stdout": StreamDecoder(), "stderr": StreamDecoder()}
+
+    def sink(name: Stream, data: bytes) -> None:
+        outputs[name].feed(data)
+        if on_output is not None:
+            anyio.from_thread.run(emit, on_output, name, decoders[name].decode(data))
+
+    deadline = None if timeout is None else started + timeout
+    finished = False
+    try:
+        status, timed_out = await call(
+            target.tokens,
+            run_blocking_exec,
+            target,
+            wrapped(args, cwd, env, marker),
+            None if stdin is None else [stdin],
+            deadline,
+            sink,
+        )
+        finished = True
+    finally:
+        if not finished:
+            with anyio.CancelScope(shield=True):
+                await kill(target, marker)
+    if timed_out:
+        await kill(target, marker)
+    for name, decoder in decoders.items():
+        await emit(on_output, name, decoder.decode(b"", final=True))  # type: ignore[arg-type]
+    return ExecResult(
+        returncode=TIMEOUT_RETURNCODE if timed_out else exit_code(status),
+        stdout=outputs["stdout"].text(),
+        stderr=outputs["stderr"].text(),
+        timed_out=timed_out,
+        duration_s=time.monotonic() - started,
+        stdout_truncated=outputs["stdout"].truncated,
+        stderr_truncated=outputs["stderr"].truncated,
+    )
+
+
+async def kill(target: Target, marker: str) -> None:
+    """Kill every process in the Pod carrying `marker`."""
+    with contextlib.suppress(ProviderError):  # the Pod is gone, and the tree with it
+        await call(
+            target.tokens, run_blocking_exec, target, kill_tree_argv(marker), None, None, _ignore
+        )
+
+
+def _ignore(name: Stream, data: bytes) -> None:
+    del name, data

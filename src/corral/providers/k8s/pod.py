@@ -1,0 +1,140 @@
+"""The sandbox Pod: its manifest, and waiting for Ready while failing fast on real causes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from corral.core.plan import ExecutionPlan
+from corral.core.redact import plain_env
+from corral.errors import ConfigError, ProviderError
+from corral.providers.k8s.api import Api, idempotent
+from corral.providers.k8s.config import KubernetesConfig
+
+CONTAINER = "sandbox"
+READY_FILE = "/tmp/.corral-ready"
+# The workload's own command starts only once corral has applied and verified the
+# baseline policy (it writes READY_FILE); until then nothing in the Pod talks.
+_GATE = f'until [ -e {READY_FILE} ]; do sleep 0.1; done; exec "$@"'
+_IDLE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
+
+_FATAL_WAITING = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "CrashLoopBackOff",
+    "RunContainerError",
+}
+
+
+def _resources(plan: ExecutionPlan, cfg: KubernetesConfig) -> dict[str, dict[str, str]]:
+    wanted = plan.resources
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if cfg.cpu_request:
+        requests["cpu"] = cfg.cpu_request
+    if cfg.memory_request:
+        requests["memory"] = cfg.memory_request
+    if wanted.cpu or cfg.cpu_limit:
+        limits["cpu"] = f"{int(wanted.cpu * 1000)}m" if wanted.cpu else str(cfg.cpu_limit)
+    if wanted.memory_mb or cfg.memory_limit:
+        limits["memory"] = f"{wanted.memory_mb}Mi" if wanted.memory_mb else str(cfg.memory_limit)
+    if wanted.disk_mb:
+        limits["ephemeral-storage"] = f"{wanted.disk_mb}Mi"
+    if wanted.gpus:
+        limits["nvidia.com/gpu"] = str(wanted.gpus)
+    out: dict[str, dict[str, str]] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def manifest(
+    name: str,
+    image: str,
+    plan: ExecutionPlan,
+    cfg: KubernetesConfig,
+    labels: dict[str, str],
+) -> dict[str, Any]:
+    command = ["sh", "-c", _GATE, "sh", *(plan.command or ["sh", "-c", _IDLE])]
+    security = dict(cfg.security_context)
+    if cfg.run_as_user is not None:
+        security["runAsUser"] = cfg.run_as_user
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": command,
+        "env": [{"name": k, "value": v} for k, v in plain_env(plan.env).items()],
+        "securityContext": security,
+        "resources": _resources(plan, cfg),
+    }
+    if plan.workdir:
+        container["workingDir"] = plan.workdir
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": cfg.service_account is not None,
+        "nodeSelector": {**cfg.node_selector, **(plan.resources.placement or {})} or None,
+        "tolerations": list(cfg.tolerations) or None,
+        "affinity": cfg.affinity,
+        "runtimeClassName": cfg.runtime_class_name,
+        "serviceAccountName": cfg.service_account,
+    }
+    if plan.timeouts.max_lifetime_s:
+        spec["activeDeadlineSeconds"] = int(plan.timeouts.max_lifetime_s)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels, "annotations": dict(cfg.annotations)},
+        "spec": {k: v for k, v in spec.items() if v is not None},
+    }
+
+
+def _fatal(pod: Any, image: str) -> str | None:
+    status: Any = pod.status
+    conditions: list[Any] = status.conditions or []
+    containers: list[Any] = status.container_statuses or []
+    for condition in conditions:
+        unscheduled = condition.type == "PodScheduled" and condition.status == "False"
+        if unscheduled and condition.reason == "Unschedulable":
+            return f"Pod cannot be scheduled: {condition.message}"
+    for container in containers:
+        state: Any = container.state
+        waiting: Any = state.waiting if state else None
+        if waiting is not None and waiting.reason in _FATAL_WAITING:
+            return f"{waiting.reason} for image {image!r}: {waiting.message or ''}".strip()
+        terminated: Any = state.terminated if state else None
+        if terminated is not None:
+            return (
+                f"container exited with code {terminated.exit_code} ({terminated.reason}); "
+                "the image needs `sh` and `sleep`, or a plan.command that keeps running"
+            )
+    if status.phase in ("Failed", "Succeeded"):
+        return f"Pod ended in phase {status.phase}: {status.reason or ''} {status.message or ''}"
+    return None
+
+
+async def wait_running(clients: Api, tokens: int, namespace: str, name: str, image: str) -> Any:
+    """Poll until the container runs; raise at once with the real cause if it never will."""
+    delay = 0.05
+    while True:
+        pod: Any = await idempotent(tokens, clients.core.read_namespaced_pod, name, namespace)
+        cause = _fatal(pod, image)
+        if cause is not None:
+            error = ConfigError if "image" in cause else ProviderError
+            raise error(f"sandbox Pod {name}: {cause}")
+        statuses: list[Any] = pod.status.container_statuses or []
+        running: Any = statuses[0].state.running if statuses else None
+        if pod.status.phase == "Running" and running:
+            return pod
+        await anyio.sleep(delay)
+        delay = min(delay * 2, 0.5)

@@ -1,0 +1,201 @@
+"""A `k8s` sandbox: one Pod, selected by its NetworkPolicy through a session label."""
+
+from __future__ import annotations
+
+import posixpath
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+
+from corral.core.output import BoundedOutput
+from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
+from corral.core.tarsafe import CHUNK, extract_tar, pack_dir, pack_file, validate_dir
+from corral.errors import (
+    NetworkPolicyNotEnforced,
+    NetworkPolicyUnsupported,
+    ProviderError,
+    RemotePathNotFound,
+)
+from corral.network.policy import NetworkPolicy
+from corral.network.resolve import needs_dns
+from corral.network.targets import EntryType, IPAddress
+from corral.providers.k8s import enforcement
+from corral.providers.k8s.api import call
+from corral.providers.k8s.execution import (
+    ExecStream,
+    Target,
+    exit_code,
+    run_blocking_exec,
+    run_exec,
+)
+
+MISSING = 44
+IS_DIR = 45
+NO_TAR = 127
+_UNTAR = 'mkdir -p "$1" && head -c "$2" | tar -x -f - -C "$1"'
+_TAR = '[ -d "$1" ] || exit 44; cd "$1" && exec tar -c -f - .'
+_CAT = '[ -e "$1" ] || exit 44; [ -d "$1" ] && exit 45; exec cat "$1"'
+
+
+class KubernetesSession(EnvironmentSession):
+    def __init__(
+        self,
+        *,
+        id: str,
+        policy: NetworkPolicy,
+        target: Target,
+        policy_name: str,
+        labels: dict[str, str],
+        dns: tuple[IPAddress, ...],
+        probe_candidates: list[tuple[IPAddress, int]],
+        verify: bool,
+        verify_timeout_s: float,
+        workdir: str,
+        output_limit: int,
+        default_timeout: float | None,
+    ) -> None:
+        super().__init__(id=id, policy=policy)
+        self.target = target
+        self.policy_name = policy_name
+        self.labels = labels
+        self.dns = dns
+        self.probe_candidates = probe_candidates
+        self.verify = verify
+        self.verify_timeout_s = verify_timeout_s
+        self.workdir = workdir
+        self.output_limit = output_limit
+        self.default_timeout = default_timeout
+        self.last_enforced_s = 0.0
+
+    def _absolute(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.workdir, path))
+
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> ExecResult:
+        if user is not None:
+            raise ProviderError(
+                f"the Kubernetes exec API cannot switch user (asked for {user!r}); "
+                "set run_as_user in the provider config instead"
+            )
+        return await run_exec(
+            self.target,
+            argv(command),
+            cwd=self._absolute(cwd) if cwd else None,
+            env=env or {},
+            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+            timeout=timeout if timeout is not None else self.default_timeout,
+            on_output=on_output,
+            output_limit=self.output_limit,
+        )
+
+    async def _stream_in(self, directory: str, chunks: Iterator[bytes]) -> None:
+        """Spool the tar (to learn its length), then send it over stdin, length-bounded."""
+        with tempfile.TemporaryFile() as spool:
+
+            def write() -> int:
+                for chunk in chunks:
+                    spool.write(chunk)
+                size = spool.tell()
+                spool.seek(0)
+                return size
+
+            size = await anyio.to_thread.run_sync(write)
+            frames = iter(lambda: spool.read(CHUNK), b"")
+            stderr = BoundedOutput(64 * 1024)
+            status, _ = await call(
+                self.target.tokens,
+                run_blocking_exec,
+                self.target,
+                ["sh", "-c", _UNTAR, "sh", directory, str(size)],
+                frames,
+                None,
+                lambda name, data: stderr.feed(data) if name == "stderr" else None,
+            )
+        code = exit_code(status)
+        if code == NO_TAR or "tar: not found" in stderr.text():
+            raise ProviderError("the sandbox image has no `tar`; directory transfer needs it")
+        if code != 0:
+            raise ProviderError(f"unpacking into {directory!r} failed: {stderr.text().strip()}")
+
+    async def upload(self, local: str | Path, remote: str) -> None:
+        target = self._absolute(remote)
+        parent, name = posixpath.split(target)
+        await self._stream_in(parent, pack_file(local, name))
+
+    async def upload_dir(self, local_dir: str | Path, remote_dir: str) -> None:
+        await anyio.to_thread.run_sync(validate_dir, local_dir)
+        await self._stream_in(self._absolute(remote_dir), pack_dir(local_dir))
+
+    async def download(self, remote: str, local: str | Path) -> None:
+        source = self._absolute(remote)
+        destination = Path(local)
+        partial = destination.with_name(f".{destination.name}.corral-partial")
+
+        def copy() -> str:
+            execution = ExecStream(self.target, ["sh", "-c", _CAT, "sh", source])
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            with partial.open("wb") as out:
+                for name, data in execution:
+                    if name == "stdout":
+                        out.write(data)
+            return execution.status
+
+        code = exit_code(await call(self.target.tokens, copy))
+        if code != 0:
+            partial.unlink(missing_ok=True)
+            if code == MISSING:
+                raise RemotePathNotFound(remote)
+            if code == IS_DIR:
+                raise IsADirectoryError(f"sandbox path {remote!r} is a directory")
+            raise ProviderError(f"reading {remote!r} failed with exit code {code}")
+        partial.replace(destination)
+
+    async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None:
+        source = self._absolute(remote_dir)
+        probe = await self.exec(["sh", "-c", '[ -d "$1" ] || exit 44', "sh", source])
+        if probe.returncode == MISSING:
+            raise RemotePathNotFound(remote_dir)
+        execution = ExecStream(self.target, ["sh", "-c", _TAR, "sh", source])
+
+        def extract() -> None:
+            extract_tar((data for name, data in execution if name == "stdout"), local_dir)
+
+        await call(self.target.tokens, extract)
+        if exit_code(execution.status) != 0:
+            raise ProviderError(f"packing {remote_dir!r} in the Pod failed")
+
+    async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
+        hostnames = any(t.entry_type is EntryType.HOSTNAME for t in policy.targets)
+        if hostnames and not needs_dns(self.policy):
+            raise NetworkPolicyUnsupported(
+                f"cannot resolve the hostnames of {policy} while {self.policy} closes DNS in "
+                "the Pod; list their addresses, or switch through a policy that allows DNS"
+            )
+        try:
+            await self.enforce(policy)
+        except NetworkPolicyNotEnforced as exc:
+            await self.fail_enforcement(str(exc))
+
+    async def enforce(self, policy: NetworkPolicy) -> None:
+        """Patch the NetworkPolicy to `policy` and, unless turned off, probe it."""
+        resolved = await enforcement.resolve(self.target, policy, self.dns)
+        body = enforcement.render(policy, resolved, self.policy_name, self.id, self.labels)
+        await enforcement.replace_spec(
+            self.target.clients, self.target.tokens, self.target.namespace, self.policy_name, body
+        )
+        if not self.verify:
+            return
+        self.last_enforced_s = await enforcement.verify(
+            self.target, policy, resolved, self.probe_candidates, self.verify_timeout_s
+        )

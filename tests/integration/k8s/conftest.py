@@ -1,0 +1,77 @@
+"""Fixtures for the Kubernetes integration tests: any reachable cluster (the one
+tests/integration/cluster/ builds, or kind), a namespace per test run, real targets."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.providers.k8s import KubernetesConfig, KubernetesEnvironment
+from corral.providers.k8s.api import connect
+from tests.integration.conftest import unavailable
+
+DEFAULT_KUBECONFIG = "/var/lib/corral-cluster/admin.kubeconfig"
+TEST_IMAGE = os.environ.get("CORRAL_K8S_TEST_IMAGE", "corral.local/test:bookworm")
+
+
+def kubeconfig() -> str:
+    return os.environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Any]:
+    path = kubeconfig()
+    if not Path(path).exists():
+        unavailable(
+            f"no kubeconfig at {path}; start a cluster with "
+            "`bash tests/integration/cluster/up.sh` (or point KUBECONFIG at kind)"
+        )
+    clients: Any = connect(KubernetesConfig(kubeconfig=path))
+    try:
+        nodes: Any = clients.core.list_node(_request_timeout=(3, 10))
+    except Exception as exc:
+        unavailable(f"the cluster in {path} does not answer ({exc}); run cluster/up.sh")
+        raise
+    items: list[Any] = nodes.items
+    conditions: list[Any] = []
+    for node in items:
+        conditions.extend(node.status.conditions or [])
+    if not any(c.type == "Ready" and c.status == "True" for c in conditions):
+        unavailable(f"no Ready node in the cluster of {path}")
+    yield clients
+
+
+@pytest.fixture(scope="session")
+def namespace(cluster: Any) -> Iterator[str]:
+    """A namespace for this run; every corral object in it must be gone at the end."""
+    name = f"corral-test-{secrets.token_hex(3)}"
+    yield name
+    owner_selector = "corral.owner"
+    pods: Any = cluster.core.list_namespaced_pod(name, label_selector=owner_selector)
+    policies: Any = cluster.networking.list_namespaced_network_policy(
+        name, label_selector=owner_selector
+    )
+    leaked = [p.metadata.name for p in pods.items] + [p.metadata.name for p in policies.items]
+    cluster.core.delete_namespace(name)
+    assert leaked == [], f"corral objects left in {name}: {leaked}"
+
+
+def make_env(namespace: str, **overrides: Any) -> KubernetesEnvironment:
+    params: dict[str, Any] = {
+        "kubeconfig": kubeconfig(),
+        "namespace": namespace,
+        "create_namespace": True,
+        "image_pull_policy": "Never",
+        **overrides,
+    }
+    return KubernetesEnvironment(KubernetesConfig.model_validate(params))
+
+
+@pytest.fixture
+def k8s_env(namespace: str) -> KubernetesEnvironment:
+    return make_env(namespace)

@@ -1,0 +1,203 @@
+"""The `k8s` provider on a real cluster: NetworkPolicy objects, enforcement, lifecycle."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from corral import (
+    ConfigError,
+    EnvironmentSession,
+    ExecutionPlan,
+    NetworkPolicy,
+    NetworkPolicyNotEnforced,
+    NetworkSchedule,
+    ProviderError,
+)
+from corral.providers.k8s import KubernetesEnvironment
+from corral.testing.plugin import EgressTarget
+from tests.integration.conftest import ALLOWED_IP, UdpEcho
+from tests.integration.k8s.conftest import TEST_IMAGE, make_env
+
+pytestmark = pytest.mark.anyio
+
+ENFORCER_PID = Path("/run/corral-cluster/pids/kube-router.pid")
+
+
+def plan(policy: str | NetworkPolicy) -> ExecutionPlan:
+    return ExecutionPlan(
+        image=TEST_IMAGE, network=NetworkSchedule.model_validate({"baseline": policy})
+    )
+
+
+def policy_objects(cluster: Any, namespace: str, session: str) -> list[Any]:
+    listed: Any = cluster.networking.list_namespaced_network_policy(
+        namespace, label_selector=f"corral.session={session}"
+    )
+    return list(listed.items)
+
+
+def objects(cluster: Any, namespace: str, owner: str) -> list[str]:
+    selector = f"corral.owner={owner}"
+    pods: Any = cluster.core.list_namespaced_pod(namespace, label_selector=selector)
+    nps: Any = cluster.networking.list_namespaced_network_policy(namespace, label_selector=selector)
+    return [p.metadata.name for p in pods.items] + [p.metadata.name for p in nps.items]
+
+
+async def tcp(sandbox: EnvironmentSession, target: EgressTarget) -> bool:
+    result = await sandbox.exec(["nc", "-z", "-w", "3", target.host, str(target.port)])
+    return result.returncode == 0
+
+
+async def test_network_policy_follows_the_session(
+    cluster: Any, namespace: str, k8s_env: KubernetesEnvironment
+) -> None:
+    sandbox = await k8s_env.open(plan("no-network"))
+    (created,) = policy_objects(cluster, namespace, sandbox.id)
+    assert created.spec.egress in (None, [])
+    owner = created.metadata.owner_references[0]
+    assert (owner.kind, owner.name) == ("Pod", f"corral-{sandbox.id}")
+    await sandbox.set_network_policy(NetworkPolicy.allowlist(f"{ALLOWED_IP}:80"))
+    (patched,) = policy_objects(cluster, namespace, sandbox.id)
+    assert patched.metadata.uid == created.metadata.uid, "a switch patches, never recreates"
+    assert patched.spec.egress[0].to[0].ip_block.cidr == f"{ALLOWED_IP}/32"
+    await k8s_env.close(sandbox)
+    assert policy_objects(cluster, namespace, sandbox.id) == []
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("public", (True, True)),
+        ("no-network", (False, False)),
+        ("allowlist:{allowed}", (True, False)),
+        ("denylist:{denied}", (True, False)),
+    ],
+)
+async def test_modes_toward_test_servers(
+    k8s_env: KubernetesEnvironment,
+    tcp_targets: list[EgressTarget],
+    policy: str,
+    expected: tuple[bool, bool],
+) -> None:
+    allowed, denied = tcp_targets
+    text = policy.format(allowed=str(allowed), denied=str(denied))
+    async with k8s_env.session(plan(text)) as sandbox:
+        seen = (await tcp(sandbox, allowed), await tcp(sandbox, denied))
+    assert seen == expected
+
+
+async def test_modes_between_pods(k8s_env: KubernetesEnvironment) -> None:
+    seen: list[bool] = []
+    async with (
+        k8s_env.session(plan("public")) as server,
+        k8s_env.session(plan("public")) as client,
+        anyio.create_task_group() as tg,
+    ):
+        address = (await server.exec(["hostname", "-i"])).stdout.split()[0]
+        tg.start_soon(lambda: server.exec("nc -lk -p 9000 >/dev/null", timeout=60))
+        await anyio.sleep(1)
+        target = EgressTarget(address, 9000)
+        seen.append(await tcp(client, target))
+        await client.set_network_policy(NetworkPolicy.no_network())
+        seen.append(await tcp(client, target))
+        await client.set_network_policy(NetworkPolicy.allowlist(f"{address}:9000"))
+        seen.append(await tcp(client, target))
+        tg.cancel_scope.cancel()
+    assert seen == [True, False, True]
+
+
+async def test_switch_while_a_flow_is_open(
+    k8s_env: KubernetesEnvironment, udp_targets: list[UdpEcho]
+) -> None:
+    """The switch lands while a flow is open, and from then on new flows are refused.
+
+    Unlike the Docker provider, an already established flow may outlive the switch here:
+    the CNI (kube-router, like most) accepts conntrack-established traffic first, and a
+    Pod has no way to flush conntrack. That is documented; new flows are what is checked.
+    """
+    server = udp_targets[0]
+    script = (
+        "import socket,time\n"
+        "def ask(s):\n"
+        " try:\n  s.send(b'x');s.recv(64);return 'ok'\n"
+        " except OSError:\n  return 'blocked'\n"
+        "def sock():\n"
+        " s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(0.5)\n"
+        f" s.connect(('{ALLOWED_IP}',{server.port}));return s\n"
+        "old=sock()\n"
+        "for i in range(40):\n"
+        " print(ask(old)+'/'+ask(sock()),flush=True);time.sleep(0.1)\n"
+    )
+    lines: list[str] = []
+    async with k8s_env.session(plan("public")) as sandbox, anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            result = await sandbox.exec(["python3", "-c", script], timeout=120)
+            lines.extend(result.stdout.split())
+
+        tg.start_soon(run)
+        await anyio.sleep(1.5)
+        await sandbox.set_network_policy(NetworkPolicy.no_network())
+    assert lines[0] == "ok/ok", lines
+    assert lines[-1].endswith("/blocked"), lines
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.5, 1.0, 2.0, 3.5])
+async def test_cancelling_open_leaves_nothing(cluster: Any, namespace: str, delay: float) -> None:
+    owner = f"cancel-{int(delay * 10)}"
+    env = make_env(namespace, owner=owner)
+    with anyio.move_on_after(delay):
+        session = await env.open(plan("no-network"))
+        await env.close(session)
+    assert objects(cluster, namespace, owner) == []
+
+
+async def test_unknown_image_fails_fast_naming_it(cluster: Any, namespace: str) -> None:
+    env = make_env(namespace, owner="badimage")
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="no-such/image:1"):
+        await env.open(ExecutionPlan(image="no-such/image:1"))
+    assert time.monotonic() - started < 30
+    assert objects(cluster, namespace, "badimage") == []
+
+
+async def test_missing_namespace_and_unreachable_server() -> None:
+    env = make_env("corral-missing-ns", create_namespace=False)
+    with pytest.raises(ConfigError, match="corral-missing-ns"):
+        await env.open(plan("public"))
+    started = time.monotonic()
+    bad = KubernetesEnvironment(kubeconfig="/nonexistent/kubeconfig")
+    with pytest.raises(ProviderError, match="/nonexistent/kubeconfig"):
+        await bad.open(plan("public"))
+    assert time.monotonic() - started < 10
+
+
+@pytest.fixture
+def enforcer_paused() -> Iterator[None]:
+    """kube-router frozen (SIGSTOP), so new NetworkPolicies are not programmed: the
+    cluster then fails open, as kind's kindnetd does."""
+    if not ENFORCER_PID.exists():
+        pytest.skip(f"no {ENFORCER_PID}: this test needs the cluster of cluster/up.sh")
+    pid = int(ENFORCER_PID.read_text().strip())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+async def test_unenforced_policy_is_detected(
+    cluster: Any, namespace: str, enforcer_paused: None
+) -> None:
+    env = make_env(namespace, owner="failopen", verify_timeout_s=4)
+    with pytest.raises(NetworkPolicyNotEnforced, match="does not enforce"):
+        await env.open(plan("no-network"))
+    assert objects(cluster, namespace, "failopen") == []
