@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import threading
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -52,7 +53,22 @@ class Clients:
     def __init__(self, core: Api, networking: Api, configuration: Api) -> None:
         self.core = core
         self.networking = networking
+        self.configuration = configuration
         self.host: str = configuration.host
+        self._local = threading.local()
+
+    def streaming(self) -> Api:
+        """A CoreV1Api for exec/port-forward websockets, one per worker thread.
+
+        `kubernetes.stream` swaps its ApiClient's `request` for the websocket call while
+        it connects; on a shared client a REST call from another thread at that moment
+        would go out as a websocket handshake. A client per thread cannot race.
+        """
+        core: Api | None = getattr(self._local, "core", None)
+        if core is None:
+            core = k8s.CoreV1Api(k8s.ApiClient(self.configuration))
+            self._local.core = core
+        return core
 
 
 def status_of(exc: ApiException) -> int:

@@ -91,7 +91,7 @@ class ExecStream:
     def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
         try:
             ws: Any = stream(
-                self.target.clients.core.connect_get_namespaced_pod_exec,
+                self.target.clients.streaming().connect_get_namespaced_pod_exec,
                 self.target.pod,
                 self.target.namespace,
                 command=self.argv,

@@ -30,6 +30,7 @@ from corral.providers.k8s.execution import (
     run_blocking_exec,
     run_exec,
 )
+from corral.providers.k8s.forward import PortForwarder
 
 MISSING = 44
 IS_DIR = 45
@@ -68,6 +69,19 @@ class KubernetesSession(EnvironmentSession):
         self.output_limit = output_limit
         self.default_timeout = default_timeout
         self.last_enforced_s = 0.0
+        self.forwards: dict[int, PortForwarder] = {}
+
+    async def endpoint(self, port: int) -> str | None:
+        """A URL on 127.0.0.1 forwarded to `port` in the Pod, open until close()."""
+        if port not in self.forwards:
+            if self.owned is None:
+                return None
+            forwarder = await anyio.to_thread.run_sync(
+                PortForwarder, self.target.clients, self.target.namespace, self.target.pod, port
+            )
+            self.owned.callback(forwarder.close)
+            self.forwards[port] = forwarder
+        return f"http://127.0.0.1:{self.forwards[port].port}"
 
     def _absolute(self, path: str) -> str:
         return posixpath.normpath(posixpath.join(self.workdir, path))
