@@ -181,7 +181,9 @@ def gc(env_id: EnvOption, param: ParamOption = None) -> None:
 
 @docker_app.command("build-holder")
 def build_holder(
-    tag: Annotated[str, typer.Option(help="tag of the holder image")] = "corral/holder:0.1",
+    tag: Annotated[
+        str, typer.Option(help="tag of the holder image")
+    ] = "corral.local/holder:bookworm",
     base: Annotated[str, typer.Option(help="Debian bookworm base image")] = (
         "debian:bookworm-slim"
     ),

@@ -74,50 +74,57 @@ async def run_demo(
 
         await step("exec", run_commands)
         await step("directory round trip", round_trip)
+        servers = [serve_tcp("0.0.0.0") for _ in range(2)]
+        ports = (servers[0][0].getsockname()[1], servers[1][0].getsockname()[1])
+        try:
+            for mode in sorted(env.network_capabilities().modes, key=list(NetworkMode).index):
+                await step(
+                    f"network {mode.value}",
+                    lambda mode=mode: _probe_mode(env, plan, opened, mode, ports),
+                )
+        finally:
+            for server, thread in servers:
+                stop_server(server, thread)
     finally:
         await env.close(opened)
-    for mode in sorted(env.network_capabilities().modes, key=list(NetworkMode).index):
-        await step(f"network {mode.value}", lambda mode=mode: _probe_mode(env, plan, mode))
     return rows
 
 
 async def _probe_mode(
-    env: BaseEnvironment, plan: ExecutionPlan, mode: NetworkMode
+    env: BaseEnvironment,
+    plan: ExecutionPlan,
+    opened: EnvironmentSession,
+    mode: NetworkMode,
+    ports: tuple[int, int],
 ) -> tuple[str, bool]:
-    allowed, allowed_thread = serve_tcp("0.0.0.0")
-    denied, denied_thread = serve_tcp("0.0.0.0")
-    try:
-        probe_plan = plan.model_copy(
-            update={"network": NetworkSchedule(baseline=NetworkPolicy.public())}
-        )
-        async with env.session(probe_plan) as probe:
-            gateway = await probe.host_gateway()
-        if gateway is None:
-            return "no route to a host listener to probe with", False
-        ports = (allowed.getsockname()[1], denied.getsockname()[1])
-        targets = [f"{gateway}:{p}" for p in ports]
-        policy = {
-            NetworkMode.PUBLIC: NetworkPolicy.public(),
-            NetworkMode.NO_NETWORK: NetworkPolicy.no_network(),
-            NetworkMode.ALLOWLIST: NetworkPolicy.allowlist(targets[0]),
-            NetworkMode.DENYLIST: NetworkPolicy.denylist(targets[1]),
-        }[mode]
+    """Dial two host listeners under `mode`: switched live where the provider can."""
+    gateway = await opened.host_gateway()
+    if gateway is None:
+        return "no route to a host listener to probe with", False
+    targets = [f"{gateway}:{p}" for p in ports]
+    policy = {
+        NetworkMode.PUBLIC: NetworkPolicy.public(),
+        NetworkMode.NO_NETWORK: NetworkPolicy.no_network(),
+        NetworkMode.ALLOWLIST: NetworkPolicy.allowlist(targets[0]),
+        NetworkMode.DENYLIST: NetworkPolicy.denylist(targets[1]),
+    }[mode]
+    if env.network_capabilities().dynamic:
+        await opened.set_network_policy(policy)
+        seen = [await _connects(opened, gateway, p) for p in ports]
+    else:
         run_plan = plan.model_copy(update={"network": NetworkSchedule(baseline=policy)})
         async with env.session(run_plan) as sandbox:
             seen = [await _connects(sandbox, gateway, p) for p in ports]
-        expected = {
-            NetworkMode.PUBLIC: [True, True],
-            NetworkMode.NO_NETWORK: [False, False],
-            NetworkMode.ALLOWLIST: [True, False],
-            NetworkMode.DENYLIST: [True, False],
-        }[mode]
-        shown = ", ".join(
-            f"{t} {'connected' if ok else 'refused'}" for t, ok in zip(targets, seen, strict=True)
-        )
-        return f"{policy}: {shown}", seen == expected
-    finally:
-        stop_server(allowed, allowed_thread)
-        stop_server(denied, denied_thread)
+    expected = {
+        NetworkMode.PUBLIC: [True, True],
+        NetworkMode.NO_NETWORK: [False, False],
+        NetworkMode.ALLOWLIST: [True, False],
+        NetworkMode.DENYLIST: [True, False],
+    }[mode]
+    shown = ", ".join(
+        f"{t} {'connected' if ok else 'refused'}" for t, ok in zip(targets, seen, strict=True)
+    )
+    return f"{policy}: {shown}", seen == expected
 
 
 async def _connects(sandbox: EnvironmentSession, host: str, port: int) -> bool:

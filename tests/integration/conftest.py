@@ -1,22 +1,24 @@
 """Egress targets shared by the Docker and Kubernetes integration tests.
 
-TCP and UDP servers bound to addresses on a veth pair that the test session creates on
-this host (and removes by its exact name): sandboxes reach them through their gateway,
-as they would reach any outside host, and nothing leaves the machine.
+compose.yaml's target services (TCP and UDP servers) bound to addresses on a veth pair
+that the test session creates on this host (and removes by its exact name): sandboxes
+reach them through their gateway, as they would reach any outside host, and nothing
+leaves the machine.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
-import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from corral.testing.plugin import EgressTarget
-from corral.testing.servers import serve_tcp, stop_server
 
 # Unique per test process, so that concurrent runs on one host never share a target.
 _RUN = os.getpid() % 250 + 1
@@ -37,27 +39,6 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
-class UdpEcho:
-    def __init__(self, host: str) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind((host, 0))
-        self.port: int = self.sock.getsockname()[1]
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                data, peer = self.sock.recvfrom(2048)
-            except OSError:
-                return
-            self.sock.sendto(b"echo:" + data, peer)
-
-    def close(self) -> None:
-        self.sock.close()
-        self.thread.join(timeout=5)
-
-
 @pytest.fixture(scope="session")
 def target_link() -> Iterator[None]:
     # A veth pair (this kernel has no dummy links) whose addresses are local to the host.
@@ -72,17 +53,46 @@ def target_link() -> Iterator[None]:
         _ip("link", "del", TARGET_LINK)
 
 
-@pytest.fixture(scope="session")
-def tcp_targets(target_link: None) -> Iterator[list[EgressTarget]]:
-    servers = [serve_tcp(ALLOWED_IP), serve_tcp(DENIED_IP)]
-    yield [EgressTarget(s.getsockname()[0], s.getsockname()[1]) for s, _ in servers]
-    for server, thread in servers:
-        stop_server(server, thread)
+TCP_PORT = 8080
+UDP_PORT = 8081
+COMPOSE = Path(__file__).parents[2] / "compose.yaml"
+
+
+def _reachable(address: str, port: int) -> bool:
+    try:
+        socket.create_connection((address, port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="session")
-def udp_targets(target_link: None) -> Iterator[list[UdpEcho]]:
-    servers = [UdpEcho(ALLOWED_IP), UdpEcho(DENIED_IP)]
-    yield servers
-    for server in servers:
-        server.close()
+def compose_targets(target_link: None) -> Iterator[None]:
+    """compose.yaml's egress targets, bound to this run's host addresses."""
+    if shutil.which("docker-compose") is None:
+        unavailable("docker-compose is missing; `apt-get install docker-compose`")
+    project = ["docker-compose", "-f", str(COMPOSE), "-p", f"corral-targets-{_RUN}"]
+    env = {**os.environ, "CORRAL_TARGET_ALLOWED": ALLOWED_IP, "CORRAL_TARGET_DENIED": DENIED_IP}
+    services = ["target-allowed", "target-denied"]
+    subprocess.run([*project, "up", "-d", *services], check=True, env=env, capture_output=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not all(_reachable(a, TCP_PORT) for a in (ALLOWED_IP, DENIED_IP)):
+            if time.monotonic() > deadline:
+                raise RuntimeError("compose egress targets did not start listening in 60 s")
+            time.sleep(0.2)
+        yield
+    finally:
+        subprocess.run([*project, "down", "-t", "1"], env=env, capture_output=True, check=False)
+
+
+@pytest.fixture(scope="session")
+def tcp_targets(compose_targets: None) -> list[EgressTarget]:
+    """TCP servers answering `ok`: the first allowed, the second denied by the tests."""
+    return [EgressTarget(ALLOWED_IP, TCP_PORT), EgressTarget(DENIED_IP, TCP_PORT)]
+
+
+@pytest.fixture(scope="session")
+def udp_targets(compose_targets: None) -> list[EgressTarget]:
+    """UDP echo servers (reply `echo:<data>`), on the same two addresses."""
+    return [EgressTarget(ALLOWED_IP, UDP_PORT), EgressTarget(DENIED_IP, UDP_PORT)]

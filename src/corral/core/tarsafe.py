@@ -13,7 +13,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import IO, cast
+from typing import IO, Any, cast
 
 from corral.errors import UnsafeArchiveMember
 
@@ -88,15 +88,16 @@ def _pack_member(path: Path, arcname: str) -> Iterator[bytes]:
             yield b"\0" * (_BLOCK - info.size % _BLOCK)
 
 
-def _check_link(name: str, target: str) -> None:
+def _check_link(name: str, target: str, *, from_root: bool = False) -> None:
+    """Lexically: a symlink's target is relative to its directory, a hard link's to the root."""
     pure = PurePosixPath(target)
     if pure.is_absolute():
-        raise UnsafeArchiveMember(f"symlink {name!r} -> {target!r} points to an absolute path")
-    depth = len(PurePosixPath(name).parent.parts)
+        raise UnsafeArchiveMember(f"link {name!r} -> {target!r} points to an absolute path")
+    depth = 0 if from_root else len(PurePosixPath(name).parent.parts)
     for part in pure.parts:
         depth = depth - 1 if part == ".." else depth + (part != ".")
         if depth < 0:
-            raise UnsafeArchiveMember(f"symlink {name!r} -> {target!r} points outside the root")
+            raise UnsafeArchiveMember(f"link {name!r} -> {target!r} points outside the root")
 
 
 class _ChunkReader:
@@ -140,21 +141,38 @@ def extract_tar(chunks: Iterable[bytes], dest: str | Path, *, strip: str | None 
                 if member.islnk():
                     linkname = _strip(member.linkname, strip)
                     member.linkname = linkname if linkname is not None else member.linkname
-                pure = PurePosixPath(member.name)
-                if pure.is_absolute() or ".." in pure.parts:
-                    raise UnsafeArchiveMember(
-                        f"archive member {member.name!r} would land outside {str(target)!r}"
-                    )
-                try:
-                    safe = tarfile.data_filter(member, str(staging))
-                except tarfile.FilterError as exc:
-                    raise UnsafeArchiveMember(
-                        f"archive member {member.name!r} would land outside {str(target)!r}: {exc}"
-                    ) from None
-                archive.extract(safe, staging, filter="fully_trusted")
+                _check_member(member, target)
+                archive.extract(member, staging, **_NO_FILTER)
         _merge(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+# The checks are corral's own (Python before 3.11.4 has no tarfile filters); the
+# archive is then extracted as is, into a staging directory.
+_NO_FILTER: dict[str, Any] = (
+    {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+)
+
+
+def _check_member(member: tarfile.TarInfo, target: Path) -> None:
+    """Refuse what would land outside the root; drop special bits and foreign owners."""
+    where = f"archive member {member.name!r} would land outside {str(target)!r}"
+    pure = PurePosixPath(member.name)
+    if pure.is_absolute() or ".." in pure.parts:
+        raise UnsafeArchiveMember(where)
+    if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+        raise UnsafeArchiveMember(f"{where}: it is a device or fifo")
+    try:
+        if member.issym():
+            _check_link(member.name, member.linkname)
+        elif member.islnk():
+            _check_link(member.name, member.linkname, from_root=True)
+    except UnsafeArchiveMember as exc:
+        raise UnsafeArchiveMember(f"{where}: {exc}") from None
+    member.mode &= 0o777
+    member.uid, member.gid = os.getuid(), os.getgid()
+    member.uname = member.gname = ""
 
 
 def _strip(name: str, prefix: str | None) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import time
 from pathlib import Path
 
@@ -119,9 +120,11 @@ async def test_conformance_timeout_kills_children(
     corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
 ) -> None:
     async with corral_environment.session(corral_plan) as sandbox:
+        # A duration no other test uses: the ps check must not see a neighbour's sleep.
+        nap = 3000 + secrets.randbelow(6000)
         started = time.monotonic()
         result = await sandbox.exec(
-            "sleep 300 & echo $! > child.pid; echo started; sleep 300", timeout=1.5
+            f"sleep {nap} & echo $! > child.pid; echo started; sleep {nap}", timeout=1.5
         )
         elapsed = time.monotonic() - started
         await anyio.sleep(0.5)
@@ -130,7 +133,7 @@ async def test_conformance_timeout_kills_children(
             'state=$(ps -o stat= -p "$(cat child.pid)"); '
             'case "$state" in ""|Z*) echo gone;; *) echo alive;; esac'
         )
-        survivors = await sandbox.exec("ps -eo args | grep '[s]leep 300' || true")
+        survivors = await sandbox.exec(f"ps -eo args | grep '[s]leep {nap}' || true")
     assert result.timed_out and result.returncode in (124, None)
     assert "started" in result.stdout, "output before the timeout is kept"
     assert elapsed < 30, f"timeout of 1.5 s took {elapsed:.1f} s"

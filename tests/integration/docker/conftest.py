@@ -15,7 +15,6 @@ from corral.providers.docker import DockerConfig, DockerEnvironment
 from tests.integration.conftest import ALLOWED_IP as ALLOWED_IP
 from tests.integration.conftest import DENIED_IP as DENIED_IP
 from tests.integration.conftest import HOSTS, unavailable
-from tests.integration.conftest import UdpEcho as UdpEcho
 
 TEST_IMAGE = "corral.local/test:bookworm"
 HOLDER_IMAGE = "corral.local/holder:bookworm"

@@ -11,7 +11,7 @@ import pytest
 from corral import EnvironmentSession, ExecutionPlan, NetworkPolicy, NetworkSchedule
 from corral.providers.docker import DockerEnvironment
 from corral.testing.plugin import EgressTarget
-from tests.integration.conftest import ALLOWED_IP, DENIED_IP, UdpEcho
+from tests.integration.conftest import ALLOWED_IP, DENIED_IP
 from tests.integration.docker.conftest import TEST_IMAGE
 
 pytestmark = pytest.mark.anyio
@@ -28,11 +28,11 @@ async def tcp(sandbox: EnvironmentSession, target: EgressTarget) -> bool:
     return result.returncode == 0
 
 
-async def udp(sandbox: EnvironmentSession, server: UdpEcho) -> bool:
+async def udp(sandbox: EnvironmentSession, server: EgressTarget) -> bool:
     script = (
         "import socket,sys\n"
         "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(2)\n"
-        f"s.sendto(b'hi',('{server.sock.getsockname()[0]}',{server.port}))\n"
+        f"s.sendto(b'hi',('{server.host}',{server.port}))\n"
         "try:\n print(s.recv(64).decode())\nexcept OSError as e:\n print('err',e);sys.exit(1)\n"
     )
     result = await sandbox.exec(["python3", "-c", script])
@@ -65,7 +65,7 @@ async def test_each_mode_for_tcp_udp_icmp(
     docker_env: DockerEnvironment,
     case: str,
     tcp_targets: list[EgressTarget],
-    udp_targets: list[UdpEcho],
+    udp_targets: list[EgressTarget],
 ) -> None:
     policy, (allowed, denied) = CASES[case]
     async with docker_env.session(plan(policy)) as sandbox:
@@ -127,7 +127,7 @@ async def test_root_in_the_sandbox_cannot_change_the_rules(
 
 
 async def test_switch_cuts_an_open_connection(
-    docker_env: DockerEnvironment, udp_targets: list[UdpEcho]
+    docker_env: DockerEnvironment, udp_targets: list[EgressTarget]
 ) -> None:
     """A flow opened under public does not survive a switch to no-network."""
     server = udp_targets[0]

@@ -23,7 +23,7 @@ from corral import (
 )
 from corral.providers.k8s import KubernetesEnvironment
 from corral.testing.plugin import EgressTarget
-from tests.integration.conftest import ALLOWED_IP, UdpEcho
+from tests.integration.conftest import ALLOWED_IP
 from tests.integration.k8s.conftest import TEST_IMAGE, make_env
 
 pytestmark = pytest.mark.anyio
@@ -115,7 +115,7 @@ async def test_modes_between_pods(k8s_env: KubernetesEnvironment) -> None:
 
 
 async def test_switch_while_a_flow_is_open(
-    k8s_env: KubernetesEnvironment, udp_targets: list[UdpEcho]
+    k8s_env: KubernetesEnvironment, udp_targets: list[EgressTarget]
 ) -> None:
     """The switch lands while a flow is open, and from then on new flows are refused.
 

@@ -1,0 +1,5 @@
+"""`python -m corral`: the same as the `corral` command."""
+
+from corral.cli import app
+
+app()
