@@ -21,8 +21,8 @@ import anyio.from_thread
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream.ws_client import ERROR_CHANNEL, STDERR_CHANNEL, STDOUT_CHANNEL
 
+from corral.core.capture import Capture
 from corral.core.markers import MARKER, kill_tree_argv, new_marker
-from corral.core.output import BoundedOutput, StreamDecoder
 from corral.core.session import TIMEOUT_RETURNCODE, ExecResult, OutputCallback, Stream, emit
 from corral.errors import ProviderError
 from corral.providers.k8s.api import Api, call, explain
@@ -162,17 +162,15 @@ async def run_exec(
     on_output: OutputCallback | None,
     output_limit: int,
 ) -> ExecResult:
-    started = time.monotonic()
     marker = new_marker()
-    outputs = {"stdout": BoundedOutput(output_limit), "stderr": BoundedOutput(output_limit)}
-    decoders = {"stdout": StreamDecoder(), "stderr": StreamDecoder()}
+    capture = Capture(output_limit, on_output)
 
     def sink(name: Stream, data: bytes) -> None:
-        outputs[name].feed(data)
+        text = capture.feed(name, data)
         if on_output is not None:
-            anyio.from_thread.run(emit, on_output, name, decoders[name].decode(data))
+            anyio.from_thread.run(emit, on_output, name, text)
 
-    deadline = None if timeout is None else started + timeout
+    deadline = None if timeout is None else capture.started + timeout
     finished = False
     try:
         status, timed_out = await call(
@@ -191,16 +189,9 @@ async def run_exec(
                 await kill(target, marker)
     if timed_out:
         await kill(target, marker)
-    for name, decoder in decoders.items():
-        await emit(on_output, name, decoder.decode(b"", final=True))  # type: ignore[arg-type]
-    return ExecResult(
-        returncode=TIMEOUT_RETURNCODE if timed_out else exit_code(status),
-        stdout=outputs["stdout"].text(),
-        stderr=outputs["stderr"].text(),
-        timed_out=timed_out,
-        duration_s=time.monotonic() - started,
-        stdout_truncated=outputs["stdout"].truncated,
-        stderr_truncated=outputs["stderr"].truncated,
+    await capture.finish()
+    return capture.result(
+        TIMEOUT_RETURNCODE if timed_out else exit_code(status), timed_out=timed_out
     )
 
 

@@ -183,7 +183,10 @@ class KubernetesSession(EnvironmentSession):
         execution = ExecStream(self.target, ["sh", "-c", _TAR, "sh", source])
 
         def extract() -> None:
-            extract_tar((data for name, data in execution if name == "stdout"), local_dir)
+            frames = iter(execution)
+            extract_tar((data for name, data in frames if name == "stdout"), local_dir)
+            for _ in frames:  # tar stops at its end marker; read on to the exit status
+                pass
 
         await call(self.target.tokens, extract)
         if exit_code(execution.status) != 0:

@@ -17,13 +17,12 @@ from typing import IO
 
 import anyio
 
-from corral.core.output import BoundedOutput, StreamDecoder
+from corral.core.capture import Capture
 from corral.core.session import (
     TIMEOUT_RETURNCODE,
     ExecResult,
     OutputCallback,
     Stream,
-    emit,
 )
 from corral.errors import ProviderError
 
@@ -61,13 +60,13 @@ async def run_process(
     except (OSError, ValueError) as exc:
         raise ProviderError(f"could not start {args[0]!r}: {exc}") from exc
     assert proc.stdout is not None and proc.stderr is not None
-    outputs = {"stdout": BoundedOutput(output_limit), "stderr": BoundedOutput(output_limit)}
+    capture = Capture(output_limit, on_output)
     pidfd = os.pidfd_open(proc.pid)
     timed_out = False
     try:
         async with anyio.create_task_group() as readers:
-            readers.start_soon(_pump, proc.stdout.fileno(), "stdout", outputs, on_output)
-            readers.start_soon(_pump, proc.stderr.fileno(), "stderr", outputs, on_output)
+            readers.start_soon(_pump, proc.stdout.fileno(), "stdout", capture)
+            readers.start_soon(_pump, proc.stderr.fileno(), "stderr", capture)
             if stdin is not None and proc.stdin is not None:
                 readers.start_soon(_feed, proc.stdin, stdin)
             with anyio.move_on_after(timeout) as scope:
@@ -84,17 +83,10 @@ async def run_process(
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 if pipe is not None:
                     pipe.close()
+    await capture.finish()
     code = proc.returncode
     returncode = TIMEOUT_RETURNCODE if timed_out else (128 - code if code < 0 else code)
-    return ExecResult(
-        returncode=returncode,
-        stdout=outputs["stdout"].text(),
-        stderr=outputs["stderr"].text(),
-        timed_out=timed_out,
-        duration_s=time.monotonic() - started,
-        stdout_truncated=outputs["stdout"].truncated,
-        stderr_truncated=outputs["stderr"].truncated,
-    )
+    return capture.result(returncode, timed_out=timed_out)
 
 
 def _not_found(exc: FileNotFoundError, started: float) -> ExecResult:
@@ -121,14 +113,8 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-async def _pump(
-    fd: int,
-    stream: Stream,
-    outputs: dict[str, BoundedOutput],
-    on_output: OutputCallback | None,
-) -> None:
+async def _pump(fd: int, stream: Stream, capture: Capture) -> None:
     os.set_blocking(fd, False)
-    decoder = StreamDecoder()
     while True:
         await anyio.wait_readable(fd)
         try:
@@ -136,10 +122,8 @@ async def _pump(
         except BlockingIOError:
             continue
         if not chunk:
-            await emit(on_output, stream, decoder.decode(b"", final=True))
             return
-        outputs[stream].feed(chunk)
-        await emit(on_output, stream, decoder.decode(chunk))
+        await capture.emit(stream, chunk)
 
 
 async def _feed(pipe: IO[bytes], data: bytes) -> None:
