@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 
 class CorralError(Exception):
     """Base of every error corral raises on purpose."""
@@ -15,6 +17,10 @@ class ProviderError(CorralError):
     """The provider or its transport failed (engine down, API error, lost stream)."""
 
 
+class ExecUserUnsupported(ProviderError):
+    """`exec(user=...)` asked for a user switch the provider cannot make."""
+
+
 class StartupTimeout(ProviderError, TimeoutError):
     """`open()` did not finish within `timeouts.startup_s`."""
 
@@ -23,8 +29,8 @@ class RemotePathNotFound(CorralError, FileNotFoundError):
     """A path inside the sandbox does not exist."""
 
     def __init__(self, path: str) -> None:
-        super().__init__(f"no such file or directory in the sandbox: {path!r}")
-        self.filename = path
+        # OSError's (errno, strerror, filename) form keeps message and path in str().
+        super().__init__(errno.ENOENT, "no such file or directory in the sandbox", path)
 
 
 class UnsafeArchiveMember(CorralError, ValueError):

@@ -13,6 +13,7 @@ from corral.core.output import BoundedOutput
 from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
 from corral.core.tarsafe import CHUNK, extract_tar, pack_dir, pack_file, validate_dir
 from corral.errors import (
+    ExecUserUnsupported,
     NetworkPolicyNotEnforced,
     NetworkPolicyUnsupported,
     ProviderError,
@@ -98,7 +99,7 @@ class KubernetesSession(EnvironmentSession):
         on_output: OutputCallback | None = None,
     ) -> ExecResult:
         if user is not None:
-            raise ProviderError(
+            raise ExecUserUnsupported(
                 f"the Kubernetes exec API cannot switch user (asked for {user!r}); "
                 "set run_as_user in the provider config instead"
             )

@@ -1,0 +1,4 @@
+"""Adapters that plug corral's providers into agent harnesses (Inspect, AgentCompass).
+
+Each adapter is one subpackage behind an extra; importing `corral` never imports them.
+"""

@@ -1,0 +1,51 @@
+"""The `corral` sandbox's configuration: which provider, its config, and the plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from corral.core.plan import ExecutionPlan
+
+#: The corral.owner label of everything an Inspect eval opens, unless the config sets one;
+#: `task_cleanup` and `inspect sandbox cleanup corral` collect expired resources under it.
+DEFAULT_OWNER = "inspect"
+
+
+class CorralSandboxConfig(BaseModel):
+    """`sandbox=("corral", CorralSandboxConfig(...))`, or a path to this model as JSON."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    provider: str = Field(default="docker", description="corral provider id (`corral list env`)")
+    provider_config: dict[str, Any] = Field(
+        default_factory=dict[str, Any],
+        description="the provider's config fields (`corral config docs env ID`); "
+        f"owner defaults to {DEFAULT_OWNER!r}",
+    )
+    plan: ExecutionPlan = Field(
+        description="image, workdir, env, resources and network schedule of each sample's sandbox"
+    )
+
+    def __hash__(self) -> int:
+        # Inspect keys its sandbox caches by the config; the dict fields defeat pydantic's hash.
+        return hash(self.model_dump_json())
+
+    def provider_params(self) -> dict[str, Any]:
+        return {"owner": DEFAULT_OWNER, **self.provider_config}
+
+
+def load_config(config: BaseModel | str | None) -> CorralSandboxConfig:
+    """The config Inspect hands over: the model itself, its dict form, or a JSON file path."""
+    if isinstance(config, CorralSandboxConfig):
+        return config
+    if isinstance(config, str):
+        return CorralSandboxConfig.model_validate_json(Path(config).read_text(encoding="utf-8"))
+    if config is None:
+        raise ValueError(
+            "the corral sandbox needs a config: sandbox=('corral', CorralSandboxConfig(...)) "
+            "or sandbox=('corral', 'path/to/config.json')"
+        )
+    return CorralSandboxConfig.model_validate(config.model_dump())

@@ -1,0 +1,170 @@
+"""`CorralSandboxEnvironment`: one corral session per Inspect sample.
+
+`sample_init` opens the session (corral's `open()` removes everything it created when it
+fails, so a failed init, which Inspect does not clean up, leaks nothing); `sample_cleanup`
+closes it; `task_cleanup` closes any session of the task still open and runs the
+provider's gc; `cli_cleanup` runs gc on every provider that answers.
+
+Inspect has no phase hooks, so the plan's `baseline` policy is in force from the start;
+a solver or scorer switches with `await sandbox().as_type(CorralSandboxEnvironment)
+.set_phase("run")`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal, overload
+
+from inspect_ai.util import (
+    ExecResult,
+    SandboxConnection,
+    SandboxEnvironment,
+    SandboxEnvironmentConfigType,
+    SandboxEnvironmentLimits,
+    SandboxUnavailableError,
+    SandboxUserUnsupportedError,
+    sandboxenv,
+)
+from pydantic import BaseModel
+from typing_extensions import override
+
+from corral.adapters.inspect.config import DEFAULT_OWNER, CorralSandboxConfig, load_config
+from corral.adapters.inspect.connection import connection
+from corral.adapters.inspect.files import read_file, write_file
+from corral.adapters.inspect.results import to_inspect
+from corral.core.environment import ENVIRONMENTS, BaseEnvironment
+from corral.core.session import EnvironmentSession
+from corral.errors import ExecUserUnsupported, ProviderError
+from corral.network.policy import NetworkSchedule, Phase
+
+log = logging.getLogger("corral.adapters.inspect")
+
+#: Providers by their (provider, provider_config), so samples share one engine client.
+_providers: dict[str, BaseEnvironment] = {}
+#: Sessions still open, by task name, for `task_cleanup`.
+_open: dict[str, dict[str, EnvironmentSession]] = {}
+
+
+def provider(config: CorralSandboxConfig) -> BaseEnvironment:
+    key = config.model_dump_json(include={"provider", "provider_config"})
+    if key not in _providers:
+        _providers[key] = ENVIRONMENTS.create(config.provider, **config.provider_params())
+    return _providers[key]
+
+
+async def _close(task_name: str, session: EnvironmentSession) -> None:
+    _open.get(task_name, {}).pop(session.id, None)
+    if session.environment is not None:
+        await session.environment.close(session)
+
+
+@sandboxenv(name="corral")  # pyright: ignore[reportUntypedClassDecorator]
+class CorralSandboxEnvironment(SandboxEnvironment):
+    """A corral session seen through Inspect's `SandboxEnvironment` contract."""
+
+    def __init__(self, session: EnvironmentSession, schedule: NetworkSchedule) -> None:
+        super().__init__()
+        self.session = session
+        self.schedule = schedule
+
+    async def set_phase(self, phase: Phase) -> None:
+        """Apply the plan's policy for `phase` (only where the provider can switch)."""
+        await self.session.set_network_policy(self.schedule.policy(phase))
+
+    @classmethod
+    def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
+        return CorralSandboxConfig.model_validate(config)
+
+    @classmethod
+    async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        cfg = load_config(config)
+        provider(cfg).prepare(cfg.plan)  # provider config, recipes and schedule, checked once
+
+    @classmethod
+    async def sample_init(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        metadata: dict[str, str],
+    ) -> dict[str, SandboxEnvironment]:
+        cfg = load_config(config)
+        session = await provider(cfg).open(cfg.plan)
+        session.output_limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        _open.setdefault(task_name, {})[session.id] = session
+        return {"default": cls(session, cfg.plan.network)}
+
+    @classmethod
+    async def sample_cleanup(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        environments: dict[str, SandboxEnvironment],
+        interrupted: bool,
+    ) -> None:
+        for environment in environments.values():
+            await _close(task_name, environment.as_type(cls).session)
+
+    @classmethod
+    async def task_cleanup(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
+    ) -> None:
+        if not cleanup:
+            return
+        for session in list(_open.get(task_name, {}).values()):
+            await _close(task_name, session)
+        _open.pop(task_name, None)
+        removed = await provider(load_config(config)).gc()
+        if removed:
+            log.info("gc after task %s removed %s", task_name, ", ".join(removed))
+
+    @classmethod
+    async def cli_cleanup(cls, id: str | None) -> None:
+        """`inspect sandbox cleanup corral [OWNER]`: expired resources of that owner."""
+        for env_id in ENVIRONMENTS.ids():
+            status = ENVIRONMENTS.status(env_id)
+            if status.provider is None or not status.provider.engine_answers():
+                continue
+            removed = await ENVIRONMENTS.create(env_id, owner=id or DEFAULT_OWNER).gc()
+            for item in removed:
+                print(f"{env_id}: removed {item}")
+
+    @override
+    async def exec(
+        self,
+        cmd: list[str],
+        input: str | bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: int | None = None,
+        timeout_retry: bool = True,
+        concurrency: bool = True,
+    ) -> ExecResult[str]:
+        try:
+            result = await self.session.exec(
+                cmd, cwd=cwd, env=env, user=user, timeout=timeout, stdin=input
+            )
+        except ExecUserUnsupported as exc:
+            raise SandboxUserUnsupportedError(str(exc)) from exc
+        except ProviderError as exc:
+            raise SandboxUnavailableError(str(exc)) from exc
+        return to_inspect(result, cmd, timeout)
+
+    @override
+    async def write_file(self, file: str, contents: str | bytes) -> None:
+        await write_file(self.session, file, contents)
+
+    @overload
+    async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
+
+    @overload
+    async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
+
+    @override
+    async def read_file(self, file: str, text: bool = True) -> str | bytes:
+        data = await read_file(self.session, file)
+        return data.decode("utf-8") if text else data
+
+    @override
+    async def connection(self, *, user: str | None = None) -> SandboxConnection:
+        return connection(self.session, user)

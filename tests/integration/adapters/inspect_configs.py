@@ -1,0 +1,54 @@
+"""The corral sandboxes Inspect's own suite runs against, with the failures Inspect expects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral import ExecutionPlan
+from corral.adapters.inspect import CorralSandboxConfig
+from tests.integration.docker.conftest import HOLDER_IMAGE, TEST_IMAGE
+
+ROOT_OVERWRITES = "root can overwrite a read-only file (Inspect expects this of docker-root too)"
+
+
+@dataclass(frozen=True)
+class SuiteTarget:
+    id: str
+    provider: str
+    provider_config: dict[str, Any]
+    plan: ExecutionPlan
+    xfails: dict[str, str] = field(default_factory=dict[str, str])
+
+    def config(self, owner: str) -> CorralSandboxConfig:
+        return CorralSandboxConfig(
+            provider=self.provider,
+            provider_config={**self.provider_config, "owner": owner},
+            plan=self.plan,
+        )
+
+
+DOCKER = {"holder_image": HOLDER_IMAGE, "pull_policy": "never"}
+
+DOCKER_ROOT = SuiteTarget(
+    id="docker-root",
+    provider="docker",
+    provider_config=DOCKER,
+    plan=ExecutionPlan(image=TEST_IMAGE),
+    xfails={
+        "test_write_text_file_without_permissions": ROOT_OVERWRITES,
+        "test_write_binary_file_without_permissions": ROOT_OVERWRITES,
+    },
+)
+
+DOCKER_NONROOT = SuiteTarget(
+    id="docker-nonroot",
+    provider="docker",
+    provider_config={**DOCKER, "user": "corral"},
+    plan=ExecutionPlan(image=TEST_IMAGE, workdir="/home/corral"),
+)
+
+K8S_PENDING = (
+    "the k8s provider is being written; add its SuiteTarget here once it passes corral's "
+    "own conformance suite"
+)

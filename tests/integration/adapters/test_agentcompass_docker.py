@@ -1,0 +1,78 @@
+"""`corral-docker` through the real AgentCompass package, on a real Docker Engine.
+
+AgentCompass needs Python >= 3.12; where it is not installed (the project's 3.11
+environment) this module skips with that reason. Run it in a 3.12 environment that has
+`corral[docker]` and `agentcompass` installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import pytest
+
+from corral.adapters.agentcompass.contract import load
+from tests.integration.docker.conftest import HOLDER_IMAGE, TEST_IMAGE
+
+pytest.importorskip("agentcompass", reason="AgentCompass needs Python >= 3.12 and is not installed")
+
+pytestmark = [pytest.mark.anyio, pytest.mark.docker]
+
+
+def _request(owner: str) -> tuple[Any, Any]:
+    models: Any = importlib.import_module("agentcompass.runtime.models")
+    spec = models.EnvironmentSpec(
+        id="corral-docker",
+        params={
+            "provider_config": {
+                "owner": owner,
+                "holder_image": HOLDER_IMAGE,
+                "pull_policy": "never",
+            }
+        },
+        setup={"image": TEST_IMAGE, "workdir": "/tmp/work"},
+        baseline_network_policy="public",
+        env_variables={"TASK_FLAG": "on"},
+    )
+    request = models.RunRequest(
+        benchmark=models.BenchmarkSpec(id="corral-check"),
+        harness=models.HarnessSpec(id="none"),
+        environment=spec,
+        model=models.ModelSpec(id="none"),
+    )
+    plan = models.ExecutionPlan(
+        environment=spec,
+        run_network_policy={"network_mode": "no-network"},
+        evaluation_network_policy="public",
+        task_id="t1",
+    )
+    return request, plan
+
+
+async def test_open_exec_files_policy_close(engine: Any, owner: str) -> None:
+    import corral.adapters.agentcompass as adapter
+
+    assert "corral-docker" in adapter.REGISTERED, adapter.UNAVAILABLE
+    ac = load()
+    env = ac.ENVIRONMENTS.create("corral-docker")
+    request, plan = _request(owner)
+    session = await env.open(request, plan)
+    selector = {"label": f"corral.session={session.inner.id}"}
+    try:
+        listed = await session.exec(["sh", "-c", "pwd; echo $TASK_FLAG"])
+        assert (listed.returncode, listed.stdout) == (0, "/tmp/work\non\n")
+        piped = await session.exec("echo a | tr a b", shell=True)
+        assert piped.stdout == "b\n"
+        slow = await session.exec(["sleep", "5"], timeout=1)
+        assert slow.timed_out and slow.returncode == 124
+        await session.write_text("notes/out.txt", "hello")
+        assert await session.read_text("/tmp/work/notes/out.txt") == "hello"
+        with pytest.raises(FileNotFoundError):
+            await session.read_text("missing.txt")
+        await session.set_network_policy(ac.NetworkPolicy.from_value("no-network"))
+        assert session.inner.policy.network_mode.value == "no-network"
+        assert engine.containers.list(filters=selector)
+    finally:
+        assert await session.close()
+    assert not engine.containers.list(all=True, filters=selector)

@@ -1,0 +1,99 @@
+"""The `corral` Inspect sandbox's lifecycle on a real engine: an eval, failed inits, cleanup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from inspect_ai import Task, eval  # pyright: ignore[reportUnknownVariableType]
+from inspect_ai.dataset import Sample
+from inspect_ai.scorer import includes
+from inspect_ai.solver import Generate, Solver, TaskState, solver
+from inspect_ai.util import SandboxEnvironmentSpec, sandbox
+
+from corral import ExecutionPlan, NetworkSchedule
+from corral.adapters.inspect import CorralSandboxConfig, CorralSandboxEnvironment
+from tests.integration.adapters.inspect_configs import DOCKER_NONROOT
+
+pytestmark = pytest.mark.docker
+
+
+def _owned(engine: Any, owner: str) -> list[str]:
+    selector = {"label": f"corral.owner={owner}"}
+    containers = engine.containers.list(all=True, filters=selector)
+    networks = engine.networks.list(filters=selector)
+    return [c.name for c in containers] + [n.name for n in networks]
+
+
+@solver
+def whoami() -> Solver:
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        result = await sandbox().exec(["whoami"])
+        state.output.completion = result.stdout.strip()
+        return state
+
+    return solve
+
+
+def test_an_eval_runs_in_a_corral_sandbox(engine: Any, owner: str, tmp_path: Path) -> None:
+    config = DOCKER_NONROOT.config(owner)
+    task = Task(
+        dataset=[Sample(input="who runs here?", target="corral")],
+        solver=whoami(),
+        scorer=includes(),
+        sandbox=SandboxEnvironmentSpec("corral", config),
+    )
+    [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path), display="none")
+    assert log.status == "success", log.error
+    assert log.results is not None
+    assert log.results.scores[0].metrics["accuracy"].value == 1.0
+    assert _owned(engine, owner) == []
+
+
+def test_a_failed_sample_init_leaves_nothing(engine: Any, owner: str) -> None:
+    # The sandbox starts (network, holder and container exist), then its command exits.
+    config = CorralSandboxConfig(
+        provider_config={**DOCKER_NONROOT.provider_config, "owner": owner},
+        plan=ExecutionPlan(image=DOCKER_NONROOT.plan.image, command=["true"]),
+    )
+
+    async def init() -> None:
+        await CorralSandboxEnvironment.sample_init("failing", config, {})
+
+    with pytest.raises(Exception, match="exited at once"):
+        anyio.run(init)
+    assert _owned(engine, owner) == []
+
+
+@pytest.mark.anyio
+async def test_task_cleanup_closes_what_sample_cleanup_missed(engine: Any, owner: str) -> None:
+    config = DOCKER_NONROOT.config(owner)
+    await CorralSandboxEnvironment.sample_init("abandoned", config, {})
+    assert _owned(engine, owner)
+    await CorralSandboxEnvironment.task_cleanup("abandoned", config, True)
+    assert _owned(engine, owner) == []
+
+
+@pytest.mark.anyio
+async def test_phase_switch_and_connection(engine: Any, owner: str) -> None:
+    config = CorralSandboxConfig(
+        provider_config={**DOCKER_NONROOT.provider_config, "owner": owner},
+        plan=DOCKER_NONROOT.plan.model_copy(
+            update={"network": NetworkSchedule.model_validate({"run": "no-network"})}
+        ),
+    )
+    envs = await CorralSandboxEnvironment.sample_init("phases", config, {})
+    env = envs["default"].as_type(CorralSandboxEnvironment)
+    try:
+        await env.set_phase("run")
+        assert env.session.policy.network_mode.value == "no-network"
+        attach = await env.connection(user="root")
+        assert attach.container is not None
+        assert attach.command.startswith("docker exec -it --user root ")
+        assert engine.containers.get(attach.container).status == "running"
+    finally:
+        await CorralSandboxEnvironment.sample_cleanup("phases", config, envs, False)
+    with pytest.raises(ConnectionError):
+        await env.connection()
