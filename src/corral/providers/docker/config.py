@@ -48,7 +48,7 @@ class DockerConfig(RuntimeEnvironmentConfig):
     )
     registry_username: str | None = Field(default=None, description="registry user for pulls")
     holder_image: str = Field(
-        default="corral/holder:0.1",
+        default="corral.local/holder:bookworm",
         description="image of the network holder (iptables + busybox); "
         "build it with `corral docker build-holder`",
     )
@@ -91,6 +91,18 @@ class DockerConfig(RuntimeEnvironmentConfig):
     )
     max_workers: int = Field(
         default=64, ge=1, description="worker threads for blocking Engine API calls"
+    )
+    warm_pool_size: int = Field(
+        default=2,
+        ge=1,
+        description="idle sandboxes warm_pool() keeps ready per pool key (image, baseline "
+        "policy, env, resources, workdir, command, labels, max_lifetime_s)",
+    )
+    warm_pool_max_idle_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="seconds a pooled sandbox may wait unused before the pool replaces it; "
+        "`corral gc` removes idle pooled sandboxes older than this",
     )
 
     @field_validator("capabilities")

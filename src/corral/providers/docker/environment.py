@@ -12,7 +12,8 @@ import contextlib
 import hashlib
 import json
 import time
-from contextlib import AsyncExitStack
+from collections.abc import AsyncGenerator
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, ClassVar
 
 import anyio
@@ -20,6 +21,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest
 
+from corral.core.blocking import limiter
 from corral.core.environment import BaseEnvironment
 from corral.core.labels import OWNER, is_expired, new_session_id, session_labels
 from corral.core.plan import ExecutionPlan
@@ -32,12 +34,17 @@ from corral.network.targets import EntryType
 from corral.providers.docker.config import DockerConfig
 from corral.providers.docker.enforcement import apply_policy, dns_servers
 from corral.providers.docker.engine import Engine, call, connect, idempotent
+from corral.providers.docker.pool import Pooling, WarmPool, collect_idle
 from corral.providers.docker.resources import (
     SubnetTaken,
     create_network,
+    holder_name,
+    network_name,
     pick_subnet,
+    pooled_holder_name,
     remove_container,
     remove_network,
+    sandbox_name,
 )
 from corral.providers.docker.session import DockerSession
 
@@ -58,6 +65,7 @@ class DockerEnvironment(BaseEnvironment):
     def __init__(self, config: DockerConfig | None = None, **params: Any) -> None:
         super().__init__(config, **params)
         self._client: Engine | None = None
+        self._pool: WarmPool | None = None
 
     @classmethod
     def engine_answers(cls) -> bool:
@@ -145,17 +153,69 @@ class DockerEnvironment(BaseEnvironment):
             "{'image_id': ...} or {'build_context': path, 'dockerfile': optional}"
         )
 
+    @asynccontextmanager
+    async def warm_pool(
+        self,
+        *plans: ExecutionPlan,
+        size_per_key: int | None = None,
+        max_idle_s: float | None = None,
+    ) -> AsyncGenerator[WarmPool]:
+        """Keep sandboxes for `plans` made ahead while the block runs; drain them after.
+
+        Inside the block, `open()` with a plan of the same pool key (image, baseline policy,
+        env, resources, workdir, command, labels, max_lifetime_s) takes a ready sandbox,
+        under its baseline, and the pool refills in the background; other plans open cold.
+        Defaults: `warm_pool_size` per key, `warm_pool_max_idle_s`. One pool at a time.
+        """
+        if self._pool is not None:
+            raise ConfigError(
+                f"{self!r} already runs warm pool {self._pool.id}; give one pool every plan"
+            )
+        pool = WarmPool(
+            self._make_pooled,
+            [self.prepare(plan) for plan in plans],
+            size=size_per_key or self.config.warm_pool_size,
+            max_idle_s=max_idle_s or self.config.warm_pool_max_idle_s,
+        )
+        self._pool = pool
+        try:
+            async with pool.running():
+                yield pool
+        finally:
+            self._pool = None
+
+    async def _make_pooled(
+        self, plan: ExecutionPlan, owned: AsyncExitStack, pooling: Pooling
+    ) -> DockerSession:
+        async with limiter(f"open:{self.id}", self.max_concurrent_opens):
+            return await self._create(plan, owned, pooling)
+
     async def _open(self, plan: ExecutionPlan, owned: AsyncExitStack) -> EnvironmentSession:
+        if self._pool is not None:
+            session = await self._pool.take(plan, owned)
+            if session is not None:
+                return session
+        return await self._create(plan, owned, None)
+
+    async def _create(
+        self, plan: ExecutionPlan, owned: AsyncExitStack, pooling: Pooling | None
+    ) -> DockerSession:
         cfg = self.config
         tokens = cfg.max_workers
         client = await self.client()
         sid = new_session_id()
         lifetime = plan.timeouts.max_lifetime_s or cfg.default_lifetime_s
-        labels = session_labels(cfg.owner, sid, lifetime, {**cfg.labels, **plan.labels})
+        extra = {**cfg.labels, **plan.labels}
+        holder_names = [holder_name(sid)]
+        if pooling is not None:
+            lifetime += pooling.max_idle_s
+            extra |= pooling.labels()
+            holder_names.insert(0, pooled_holder_name(sid))
+        labels = session_labels(cfg.owner, sid, lifetime, extra)
         image = await self._image(client, plan)
         await self._ensure_image(client, cfg.holder_image)
 
-        net_name = f"corral-{sid}"
+        net_name = network_name(sid)
         subnet = pick_subnet(cfg.address_pool, cfg.network_prefix_len)
         owned.push_async_callback(remove_network, client, tokens, net_name, sid, subnet)
         for _ in range(16):
@@ -169,8 +229,8 @@ class DockerEnvironment(BaseEnvironment):
             raise ProviderError(f"no free subnet in address_pool {cfg.address_pool}")
         gateway = next(subnet.hosts())
 
-        holder_name = f"corral-{sid}-holder"
-        owned.push_async_callback(remove_container, client, tokens, holder_name, sid)
+        for name in holder_names:
+            owned.push_async_callback(remove_container, client, tokens, name, sid)
         holder_config = client.api.create_host_config(
             network_mode=net_name,
             cap_drop=["ALL"],
@@ -186,13 +246,15 @@ class DockerEnvironment(BaseEnvironment):
             client.api.create_container,
             cfg.holder_image,
             SLEEP_FOREVER,
-            name=holder_name,
+            name=holder_names[0],
             labels={**labels, "corral.role": "holder"},
             host_config=holder_config,
             ports=list(cfg.published_ports) or None,
         )
-        await call(tokens, client.api.start, holder_name)
-        holder: dict[str, Any] = await idempotent(tokens, client.api.inspect_container, holder_name)
+        await call(tokens, client.api.start, holder_names[0])
+        holder: dict[str, Any] = await idempotent(
+            tokens, client.api.inspect_container, holder_names[0]
+        )
         holder_id: str = holder["Id"]
         net_info = holder["NetworkSettings"]["Networks"].get(net_name, {})
         dns = await dns_servers(client.api, tokens, holder_id)
@@ -209,8 +271,8 @@ class DockerEnvironment(BaseEnvironment):
         except NetworkPolicyNotEnforced as exc:
             raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
 
-        sandbox_name = f"corral-{sid}-sandbox"
-        owned.push_async_callback(remove_container, client, tokens, sandbox_name, sid)
+        sandbox = sandbox_name(sid)
+        owned.push_async_callback(remove_container, client, tokens, sandbox, sid)
         resources = plan.resources
         cpu = resources.cpu or cfg.default_cpu
         memory = resources.memory_mb or cfg.default_memory_mb
@@ -237,25 +299,27 @@ class DockerEnvironment(BaseEnvironment):
                 image,
                 plan.command,
                 entrypoint=None if plan.command else SLEEP_FOREVER,
-                name=sandbox_name,
+                name=sandbox,
                 labels={**labels, "corral.role": "sandbox"},
                 environment=plain_env(plan.env),
                 working_dir=plan.workdir,
-                user=cfg.user,
+                # Execs run as cfg.user (the session's default). The container itself runs
+                # as the image's user unless plan.command is the workload: engines before
+                # 23.0 give `exec(user="0")` no capabilities in a container created with a
+                # non-root user.
+                user=cfg.user if plan.command else None,
                 host_config=sandbox_config,
             )
-            await call(tokens, client.api.start, sandbox_name)
+            await call(tokens, client.api.start, sandbox)
         except APIError as exc:
             raise ProviderError(
                 f"starting the sandbox from image {image!r} failed: {exc.explanation}"
             ) from None
-        sandbox: dict[str, Any] = await idempotent(
-            tokens, client.api.inspect_container, sandbox_name
-        )
-        if not sandbox["State"].get("Running"):
+        started: dict[str, Any] = await idempotent(tokens, client.api.inspect_container, sandbox)
+        if not started["State"].get("Running"):
             raise ProviderError(
                 f"sandbox from image {image!r} exited at once (code "
-                f"{sandbox['State'].get('ExitCode')}); it needs `sleep` or a plan.command "
+                f"{started['State'].get('ExitCode')}); it needs `sleep` or a plan.command "
                 "that keeps running"
             )
         ports: dict[str, list[dict[str, str]] | None] = holder["NetworkSettings"].get("Ports") or {}
@@ -270,7 +334,7 @@ class DockerEnvironment(BaseEnvironment):
             client=client,
             tokens=tokens,
             holder=holder_id,
-            sandbox=sandbox["Id"],
+            sandbox=started["Id"],
             network=net_name,
             gateway=gateway,
             holder_address=net_info.get("IPAddress", ""),
@@ -282,18 +346,19 @@ class DockerEnvironment(BaseEnvironment):
             default_timeout=plan.timeouts.operation_s,
             resolver_image=cfg.holder_image,
             labels=labels,
-            workdir=sandbox["Config"].get("WorkingDir") or "/",
+            workdir=started["Config"].get("WorkingDir") or "/",
         )
         session.image = image
         return session
 
     async def gc(self) -> list[str]:
-        """Remove expired containers and networks that carry this owner's labels."""
+        """Remove idle pooled sandboxes past their idle age, then expired containers and
+        networks, all carrying this owner's labels."""
         client = await self.client()
         tokens = self.config.max_workers
         owner = self.config.owner
-        removed: list[str] = []
         now = time.time()
+        removed = await collect_idle(client, tokens, owner, now)
         containers: list[dict[str, Any]] = await idempotent(
             tokens, client.api.containers, all=True, filters={"label": f"{OWNER}={owner}"}
         )

@@ -8,7 +8,6 @@ process that carries the marker, so nothing the command started outlives it.
 from __future__ import annotations
 
 import contextlib
-import secrets
 import socket
 import ssl
 import time
@@ -18,17 +17,12 @@ from typing import Any
 import anyio
 from docker.errors import APIError, NotFound
 
+from corral.core.markers import MARKER, kill_tree_argv, new_marker
 from corral.core.output import BoundedOutput, StreamDecoder
 from corral.core.session import TIMEOUT_RETURNCODE, ExecResult, OutputCallback, Stream, emit
 from corral.errors import ProviderError
 from corral.providers.docker.engine import Engine, call
 
-MARKER = "CORRAL_EXEC"
-_KILL_TREE = (
-    'm="' + MARKER + '=$1"; for d in /proc/[0-9]*; do '
-    'if tr "\\000" "\\n" < "$d/environ" 2>/dev/null | grep -qx "$m"; then '
-    'kill -9 "${d#/proc/}" 2>/dev/null; fi; done; true'
-)
 _STREAMS: dict[int, Stream] = {1: "stdout", 2: "stderr"}
 
 
@@ -47,7 +41,7 @@ async def run_exec(
     output_limit: int,
 ) -> ExecResult:
     started = time.monotonic()
-    marker = secrets.token_hex(8)
+    marker = new_marker()
     try:
         created: dict[str, Any] = await call(
             tokens,
@@ -78,7 +72,7 @@ async def run_exec(
             async with anyio.create_task_group() as tg:
                 if stdin is not None:
                     tg.start_soon(_send_stdin, sock, stdin)
-                await _read_frames(sock, outputs, on_output)
+                await _read_frames(raw, sock, outputs, on_output)
         timed_out = scope.cancelled_caught
         finished = not timed_out
     finally:
@@ -86,7 +80,7 @@ async def run_exec(
             with contextlib.suppress(OSError):
                 sock.close()
             if not finished:
-                await kill_tree(api, tokens, container, marker)
+                await kill_tree(api, tokens, container, marker, user)
     returncode = TIMEOUT_RETURNCODE if timed_out else await _exit_code(api, tokens, exec_id)
     return ExecResult(
         returncode=returncode,
@@ -99,11 +93,18 @@ async def run_exec(
     )
 
 
-async def kill_tree(api: Engine, tokens: int, container: str, marker: str) -> None:
-    """Kill every process in the sandbox whose environment carries `marker`."""
+async def kill_tree(
+    api: Engine, tokens: int, container: str, marker: str, user: str | None
+) -> None:
+    """Kill every process in the sandbox whose environment carries `marker`.
+
+    Runs as the command's own user: root in the sandbox holds neither CAP_SYS_PTRACE (to
+    read another user's /proc/PID/environ) nor, on engines before 23.0 in a sandbox whose
+    configured user is not root, CAP_KILL.
+    """
     try:
         created: dict[str, Any] = await call(
-            tokens, api.exec_create, container, ["sh", "-c", _KILL_TREE, "sh", marker], user="0"
+            tokens, api.exec_create, container, kill_tree_argv(marker), user=user or ""
         )
         await call(tokens, api.exec_start, created["Id"])
     except APIError:
@@ -150,18 +151,30 @@ async def _recv(sock: socket.socket) -> bytes:
             continue
 
 
+async def _read_ahead(raw: Any, sock: socket.socket) -> bytes:
+    """The bytes the HTTP reader took off the socket together with the response headers.
+
+    An exec the engine refuses before it starts (an unknown user) has its message written
+    right behind the headers; it can sit in http.client's buffer rather than the socket.
+    """
+    response = getattr(raw, "_response", None)
+    if response is None:
+        return b""
+    reader: Any = response.raw._fp.fp
+    if isinstance(sock, ssl.SSLSocket):
+        return await anyio.to_thread.run_sync(reader.read1, 65536, abandon_on_cancel=True)
+    return reader.read1(65536)  # the socket is non-blocking: buffered bytes, or what is there
+
+
 async def _read_frames(
+    raw: Any,
     sock: socket.socket,
     outputs: dict[str, BoundedOutput],
     on_output: OutputCallback | None,
 ) -> None:
     decoders = {"stdout": StreamDecoder(), "stderr": StreamDecoder()}
-    buffer = bytearray()
+    buffer = bytearray(await _read_ahead(raw, sock))
     while True:
-        chunk = await _recv(sock)
-        if not chunk:
-            break
-        buffer += chunk
         while len(buffer) >= 8:
             size = int.from_bytes(buffer[4:8], "big")
             if len(buffer) < 8 + size:
@@ -173,5 +186,9 @@ async def _read_frames(
                 continue
             outputs[stream].feed(payload)
             await emit(on_output, stream, decoders[stream].decode(payload))
+        chunk = await _recv(sock)
+        if not chunk:
+            break
+        buffer += chunk
     for stream, decoder in decoders.items():
         await emit(on_output, stream, decoder.decode(b"", final=True))  # type: ignore[arg-type]

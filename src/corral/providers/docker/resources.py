@@ -22,6 +22,23 @@ from corral.providers.docker.engine import Engine, call, idempotent
 _reserved: set[ipaddress.IPv4Network] = set()
 
 
+def network_name(session_id: str) -> str:
+    return f"corral-{session_id}"
+
+
+def holder_name(session_id: str) -> str:
+    return f"corral-{session_id}-holder"
+
+
+def pooled_holder_name(session_id: str) -> str:
+    """The holder's name while its pair waits in a warm pool; claiming renames it."""
+    return f"corral-{session_id}-pooled"
+
+
+def sandbox_name(session_id: str) -> str:
+    return f"corral-{session_id}-sandbox"
+
+
 def _owned_by(labels: dict[str, str] | None, session_id: str) -> bool:
     return (labels or {}).get(SESSION) == session_id
 
@@ -40,8 +57,13 @@ async def remove_container(client: Engine, tokens: int, name: str, session_id: s
 
 
 async def remove_network(
-    client: Engine, tokens: int, name: str, session_id: str, subnet: ipaddress.IPv4Network
+    client: Engine,
+    tokens: int,
+    name: str,
+    session_id: str,
+    subnet: ipaddress.IPv4Network | None = None,
 ) -> None:
+    """Remove the session's network; `subnet`, if this process reserved it, is released."""
     try:
         try:
             info: dict[str, Any] = await idempotent(tokens, client.api.inspect_network, name)
@@ -54,7 +76,8 @@ async def remove_network(
         except NotFound:
             return
     finally:
-        _reserved.discard(subnet)
+        if subnet is not None:
+            _reserved.discard(subnet)
 
 
 def pick_subnet(pool: str, prefix: int) -> ipaddress.IPv4Network:

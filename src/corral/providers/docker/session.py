@@ -125,7 +125,12 @@ class DockerSession(EnvironmentSession):
     async def download(self, remote: str, local: str | Path) -> None:
         source = self._absolute(remote)
         stream = await self._get(source)
-        await call(self.tokens, extract_file, stream, local, remote)
+        try:
+            await call(self.tokens, extract_file, stream, local, remote)
+        finally:
+            # The engine holds the container's lock until the archive is read or closed:
+            # left open (a refused or failed extraction), every later call hangs.
+            stream.close()
 
     async def upload_dir(self, local_dir: str | Path, remote_dir: str) -> None:
         target = self._absolute(remote_dir)
@@ -137,7 +142,10 @@ class DockerSession(EnvironmentSession):
         source = self._absolute(remote_dir)
         stream = await self._get(source)
         name = posixpath.basename(source.rstrip("/")) or "."
-        await call(self.tokens, lambda: extract_tar(stream, local_dir, strip=name))
+        try:
+            await call(self.tokens, lambda: extract_tar(stream, local_dir, strip=name))
+        finally:
+            stream.close()
 
     async def endpoint(self, port: int) -> str | None:
         if port in self.published:
