@@ -10,16 +10,15 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import anyio
 from docker.errors import APIError, NotFound
 
+from corral.core.capture import Capture
 from corral.core.markers import MARKER, kill_tree_argv, new_marker
-from corral.core.output import BoundedOutput, StreamDecoder
-from corral.core.session import TIMEOUT_RETURNCODE, ExecResult, OutputCallback, Stream, emit
+from corral.core.session import TIMEOUT_RETURNCODE, ExecResult, OutputCallback, Stream
 from corral.errors import ProviderError
 from corral.providers.docker.engine import Engine, call
 
@@ -40,7 +39,7 @@ async def run_exec(
     on_output: OutputCallback | None,
     output_limit: int,
 ) -> ExecResult:
-    started = time.monotonic()
+    capture = Capture(output_limit, on_output)
     marker = new_marker()
     try:
         created: dict[str, Any] = await call(
@@ -62,7 +61,6 @@ async def run_exec(
     except APIError as exc:
         raise ProviderError(f"exec in {container[:12]} failed: {exc.explanation}") from None
     sock: socket.socket = getattr(raw, "_sock", raw)
-    outputs = {"stdout": BoundedOutput(output_limit), "stderr": BoundedOutput(output_limit)}
     timed_out = False
     finished = False
     try:
@@ -72,7 +70,7 @@ async def run_exec(
             async with anyio.create_task_group() as tg:
                 if stdin is not None:
                     tg.start_soon(_send_stdin, sock, stdin)
-                await _read_frames(raw, sock, outputs, on_output)
+                await _read_frames(raw, sock, capture)
         timed_out = scope.cancelled_caught
         finished = not timed_out
     finally:
@@ -82,15 +80,7 @@ async def run_exec(
             if not finished:
                 await kill_tree(api, tokens, container, marker, user)
     returncode = TIMEOUT_RETURNCODE if timed_out else await _exit_code(api, tokens, exec_id)
-    return ExecResult(
-        returncode=returncode,
-        stdout=outputs["stdout"].text(),
-        stderr=outputs["stderr"].text(),
-        timed_out=timed_out,
-        duration_s=time.monotonic() - started,
-        stdout_truncated=outputs["stdout"].truncated,
-        stderr_truncated=outputs["stderr"].truncated,
-    )
+    return capture.result(returncode, timed_out=timed_out)
 
 
 async def kill_tree(
@@ -169,10 +159,8 @@ async def _read_ahead(raw: Any, sock: socket.socket) -> bytes:
 async def _read_frames(
     raw: Any,
     sock: socket.socket,
-    outputs: dict[str, BoundedOutput],
-    on_output: OutputCallback | None,
+    capture: Capture,
 ) -> None:
-    decoders = {"stdout": StreamDecoder(), "stderr": StreamDecoder()}
     buffer = bytearray(await _read_ahead(raw, sock))
     while True:
         while len(buffer) >= 8:
@@ -184,11 +172,9 @@ async def _read_frames(
             del buffer[: 8 + size]
             if stream is None:
                 continue
-            outputs[stream].feed(payload)
-            await emit(on_output, stream, decoders[stream].decode(payload))
+            await capture.emit(stream, payload)
         chunk = await _recv(sock)
         if not chunk:
             break
         buffer += chunk
-    for stream, decoder in decoders.items():
-        await emit(on_output, stream, decoder.decode(b"", final=True))  # type: ignore[arg-type]
+    await capture.finish()
