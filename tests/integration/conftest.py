@@ -25,6 +25,8 @@ _RUN = os.getpid() % 250 + 1
 TARGET_LINK = f"corral-t{_RUN}"
 ALLOWED_IP = f"10.214.{_RUN}.1"
 DENIED_IP = f"10.214.{_RUN}.2"
+ALLOWED_IP6 = f"fd00:214:{_RUN:x}::1"
+DENIED_IP6 = f"fd00:214:{_RUN:x}::2"
 HOSTS = {"allowed.corral.test": ALLOWED_IP, "denied.corral.test": DENIED_IP}
 
 
@@ -46,6 +48,8 @@ def target_link() -> Iterator[None]:
     try:
         for address in (ALLOWED_IP, DENIED_IP):
             _ip("addr", "add", f"{address}/32", "dev", TARGET_LINK)
+        for address in (ALLOWED_IP6, DENIED_IP6):
+            _ip("-6", "addr", "add", f"{address}/128", "dev", TARGET_LINK, "nodad")
         _ip("link", "set", TARGET_LINK, "up")
         _ip("link", "set", f"{TARGET_LINK}p", "up")
         yield

@@ -58,6 +58,12 @@ def _render_family(
         else:
             body += [f"{dest} -p {proto} --dport 53 -j ACCEPT" for proto in ("udp", "tcp")]
     body.append("-o lo -j ACCEPT")
+    if family == 6:
+        # Neighbour discovery is IPv6's ARP: without it not even allowed hosts are reachable.
+        body += [
+            f"-p ipv6-icmp --icmpv6-type {kind} -j ACCEPT"
+            for kind in ("router-solicitation", "neighbour-solicitation", "neighbour-advertisement")
+        ]
     mode = policy.network_mode
     if mode is NetworkMode.PUBLIC:
         body.append("-j ACCEPT")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -11,8 +14,9 @@ import pytest
 from corral import EnvironmentSession, ExecutionPlan, NetworkPolicy, NetworkSchedule
 from corral.providers.docker import DockerEnvironment
 from corral.testing.plugin import EgressTarget
-from tests.integration.conftest import ALLOWED_IP, DENIED_IP
-from tests.integration.docker.conftest import TEST_IMAGE
+from corral.testing.servers import stop_server
+from tests.integration.conftest import ALLOWED_IP, ALLOWED_IP6, DENIED_IP, DENIED_IP6
+from tests.integration.docker.conftest import TEST_IMAGE, make_env
 
 pytestmark = pytest.mark.anyio
 
@@ -178,3 +182,52 @@ async def test_failed_switch_keeps_the_old_policy(
             await sandbox.set_network_policy(NetworkPolicy.allowlist("*.corral.test"))
         assert sandbox.policy == NetworkPolicy.no_network()
         assert not await tcp(sandbox, tcp_targets[0])
+
+
+@pytest.fixture(scope="module")
+def ipv6_targets(target_link: None) -> Iterator[list[EgressTarget]]:
+    """TCP listeners on the host's IPv6 test addresses."""
+    servers = [
+        socket.create_server((address, 0), family=socket.AF_INET6)
+        for address in (ALLOWED_IP6, DENIED_IP6)
+    ]
+    threads = [threading.Thread(target=_accept_forever, args=(s,), daemon=True) for s in servers]
+    for thread in threads:
+        thread.start()
+    yield [EgressTarget(s.getsockname()[0], s.getsockname()[1]) for s in servers]
+    for server, thread in zip(servers, threads, strict=True):
+        stop_server(server, thread)
+
+
+def _accept_forever(server: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("public", (True, True)),
+        ("no-network", (False, False)),
+        ("allowlist:{allowed}", (True, False)),
+        ("denylist:{denied}", (True, False)),
+    ],
+)
+async def test_ipv6_is_covered_by_the_same_rule(
+    owner: str, ipv6_targets: list[EgressTarget], policy: str, expected: tuple[bool, bool]
+) -> None:
+    env = make_env(owner, ipv6_pool="fd00:c0ff:ee00::/48")
+    allowed, denied = ipv6_targets
+    text = policy.format(allowed=allowed.host, denied=denied.host)
+    async with env.session(plan(text)) as sandbox:
+        seen: list[bool] = []
+        for target in ipv6_targets:
+            result = await sandbox.exec(
+                ["nc", "-6", "-z", "-w", "3", target.host, str(target.port)]
+            )
+            seen.append(result.returncode == 0)
+    assert tuple(seen) == expected, text

@@ -59,6 +59,11 @@ class DockerConfig(RuntimeEnvironmentConfig):
         default="10.213.0.0/16",
         description="IPv4 block corral carves one small network per sandbox from",
     )
+    ipv6_pool: str | None = Field(
+        default=None,
+        description="IPv6 block (a ULA /48 or larger) to give each sandbox network a /64 "
+        "from; None: IPv4 only (ip6tables rules are applied either way)",
+    )
     network_prefix_len: int = Field(
         default=28, ge=16, le=29, description="prefix length of each sandbox network"
     )
@@ -126,6 +131,19 @@ class DockerConfig(RuntimeEnvironmentConfig):
             raise ValueError(f"address_pool {value!r} is not an IPv4 CIDR: {exc}") from None
         if net.prefixlen > 24:
             raise ValueError(f"address_pool {value!r} is too small; use /24 or larger")
+        return str(net)
+
+    @field_validator("ipv6_pool")
+    @classmethod
+    def _pool6(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            net = ipaddress.IPv6Network(value, strict=True)
+        except ValueError as exc:
+            raise ValueError(f"ipv6_pool {value!r} is not an IPv6 CIDR: {exc}") from None
+        if net.prefixlen > 56:
+            raise ValueError(f"ipv6_pool {value!r} is too small; use /56 or larger")
         return str(net)
 
     @field_validator("mounts")

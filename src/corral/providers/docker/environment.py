@@ -41,6 +41,7 @@ from corral.providers.docker.resources import (
     holder_name,
     network_name,
     pick_subnet,
+    pick_subnet6,
     pooled_holder_name,
     remove_container,
     remove_network,
@@ -217,13 +218,15 @@ class DockerEnvironment(BaseEnvironment):
 
         net_name = network_name(sid)
         subnet = pick_subnet(cfg.address_pool, cfg.network_prefix_len)
+        subnet6 = pick_subnet6(cfg.ipv6_pool)
         owned.push_async_callback(remove_network, client, tokens, net_name, sid, subnet)
         for _ in range(16):
             try:
-                await create_network(client, tokens, net_name, labels, subnet)
+                await create_network(client, tokens, net_name, labels, subnet, subnet6)
                 break
             except SubnetTaken:
                 subnet = pick_subnet(cfg.address_pool, cfg.network_prefix_len)
+                subnet6 = pick_subnet6(cfg.ipv6_pool)
                 owned.push_async_callback(remove_network, client, tokens, net_name, sid, subnet)
         else:
             raise ProviderError(f"no free subnet in address_pool {cfg.address_pool}")

@@ -99,10 +99,13 @@ async def create_network(
     name: str,
     labels: dict[str, str],
     subnet: ipaddress.IPv4Network,
+    subnet6: ipaddress.IPv6Network | None = None,
 ) -> dict[str, Any]:
     """A bridge of its own for one sandbox: bridges are isolated from each other."""
-    gateway = str(next(subnet.hosts()))
-    ipam = IPAMConfig(pool_configs=[IPAMPool(subnet=str(subnet), gateway=gateway)])
+    pools = [IPAMPool(subnet=str(subnet), gateway=str(next(subnet.hosts())))]
+    if subnet6 is not None:
+        pools.append(IPAMPool(subnet=str(subnet6), gateway=str(subnet6[1])))
+    ipam = IPAMConfig(pool_configs=pools)
     try:
         return await call(
             tokens,
@@ -112,11 +115,21 @@ async def create_network(
             ipam=ipam,
             labels=labels,
             check_duplicate=True,
+            enable_ipv6=subnet6 is not None,
         )
     except APIError as exc:
         if "overlap" in str(exc).lower():
             raise SubnetTaken(str(subnet)) from None
         raise ProviderError(f"creating network {name!r} failed: {exc.explanation}") from None
+
+
+def pick_subnet6(pool: str | None) -> ipaddress.IPv6Network | None:
+    """A random /64 of `pool` (collisions surface as SubnetTaken and are retried)."""
+    if pool is None:
+        return None
+    block = ipaddress.IPv6Network(pool)
+    index = random.randrange(2 ** (64 - block.prefixlen))
+    return ipaddress.IPv6Network((int(block.network_address) + (index << 64), 64))
 
 
 class SubnetTaken(Exception):
