@@ -1,0 +1,31 @@
+"""The benchmark cases, in the order they run; each returns rows for the table."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from bench.cases import (
+    agentcompass,
+    docker_concurrency,
+    docker_exec,
+    docker_open,
+    docker_policy,
+    docker_pool,
+    docker_transfer,
+    k8s,
+)
+from bench.context import Context
+from bench.report import Row
+
+Case = Callable[[Context], Awaitable[list[Row]]]
+
+CASES: dict[str, Case] = {
+    "exec": docker_exec.run,
+    "open": docker_open.run,
+    "pool": docker_pool.run,
+    "transfer": docker_transfer.run,
+    "policy": docker_policy.run,
+    "concurrency": docker_concurrency.run,
+    "agentcompass": agentcompass.run,
+    "k8s": k8s.run,
+}
