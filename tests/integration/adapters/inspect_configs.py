@@ -8,6 +8,8 @@ from typing import Any
 from corral import ExecutionPlan
 from corral.adapters.inspect import CorralSandboxConfig
 from tests.integration.docker.conftest import HOLDER_IMAGE, TEST_IMAGE
+from tests.integration.k8s.conftest import TEST_IMAGE as K8S_TEST_IMAGE
+from tests.integration.k8s.conftest import kubeconfig
 
 ROOT_OVERWRITES = "root can overwrite a read-only file (Inspect expects this of docker-root too)"
 
@@ -48,7 +50,20 @@ DOCKER_NONROOT = SuiteTarget(
     plan=ExecutionPlan(image=TEST_IMAGE, workdir="/home/corral"),
 )
 
-K8S_PENDING = (
-    "the k8s provider is being written; add its SuiteTarget here once it passes corral's "
-    "own conformance suite"
+K8S_ROOT = SuiteTarget(
+    id="k8s-root",
+    provider="k8s",
+    provider_config={
+        "kubeconfig": kubeconfig(),
+        "namespace": "corral-inspect",
+        "create_namespace": True,
+        "image_pull_policy": "Never",
+    },
+    plan=ExecutionPlan(image=K8S_TEST_IMAGE),
+    xfails={
+        "test_write_text_file_without_permissions": ROOT_OVERWRITES,
+        "test_write_binary_file_without_permissions": ROOT_OVERWRITES,
+        "test_exec_as_user": "the Kubernetes exec API cannot switch users; corral raises "
+        "ExecUserUnsupported, which the adapter maps to SandboxUserUnsupportedError",
+    },
 )

@@ -17,7 +17,7 @@ from corral.adapters.inspect import CorralSandboxEnvironment
 from tests.integration.adapters.inspect_configs import (
     DOCKER_NONROOT,
     DOCKER_ROOT,
-    K8S_PENDING,
+    K8S_ROOT,
     SuiteTarget,
 )
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.anyio
 TARGETS = [
     pytest.param(DOCKER_ROOT, id=DOCKER_ROOT.id, marks=pytest.mark.docker),
     pytest.param(DOCKER_NONROOT, id=DOCKER_NONROOT.id, marks=pytest.mark.docker),
-    pytest.param(None, id="k8s", marks=[pytest.mark.k8s, pytest.mark.skip(reason=K8S_PENDING)]),
+    pytest.param(K8S_ROOT, id=K8S_ROOT.id, marks=pytest.mark.k8s),
 ]
 
 

@@ -38,7 +38,11 @@ IS_DIR = 45
 NO_TAR = 127
 _UNTAR = 'mkdir -p "$1" && head -c "$2" | tar -x -f - -C "$1"'
 _TAR = '[ -d "$1" ] || exit 44; cd "$1" && exec tar -c -f - .'
-_CAT = '[ -e "$1" ] || exit 44; [ -d "$1" ] && exit 45; exec cat "$1"'
+_SIZE = '[ -e "$1" ] || exit 44; [ -d "$1" ] && exit 45; wc -c < "$1"'
+# One range of a file; `dd` counts in MiB blocks.
+_RANGE = 'exec dd if="$1" bs=1048576 skip="$2" count="$3" 2>/dev/null'
+RANGE_MIB = 8
+RANGE_TRIES = 3
 
 
 class KubernetesSession(EnvironmentSession):
@@ -153,27 +157,43 @@ class KubernetesSession(EnvironmentSession):
         await self._stream_in(self._absolute(remote_dir), pack_dir(local_dir))
 
     async def download(self, remote: str, local: str | Path) -> None:
+        """Read the file in ranges, each checked against the size the Pod reported.
+
+        Released kubernetes clients can drop the tail of a large exec stream; a short
+        range is read again rather than written short.
+        """
         source = self._absolute(remote)
+        sized = await self.exec(["sh", "-c", _SIZE, "sh", source])
+        if sized.returncode == MISSING:
+            raise RemotePathNotFound(remote)
+        if sized.returncode == IS_DIR:
+            raise IsADirectoryError(f"sandbox path {remote!r} is a directory")
+        if sized.returncode != 0:
+            raise ProviderError(f"reading {remote!r} failed: {sized.stderr.strip()}")
+        size = int(sized.stdout.strip())
         destination = Path(local)
         partial = destination.with_name(f".{destination.name}.corral-partial")
 
-        def copy() -> str:
-            execution = ExecStream(self.target, ["sh", "-c", _CAT, "sh", source])
+        def read_range(index: int) -> bytes:
+            want = min(RANGE_MIB << 20, size - (index * RANGE_MIB << 20))
+            argv = ["sh", "-c", _RANGE, "sh", source, str(index * RANGE_MIB), str(RANGE_MIB)]
+            for _ in range(RANGE_TRIES):
+                data = b"".join(d for n, d in ExecStream(self.target, argv) if n == "stdout")
+                if len(data) == want:
+                    return data
+            raise ProviderError(f"reading {remote!r}: the Pod kept sending short ranges")
+
+        def copy() -> None:
             destination.parent.mkdir(parents=True, exist_ok=True)
             with partial.open("wb") as out:
-                for name, data in execution:
-                    if name == "stdout":
-                        out.write(data)
-            return execution.status
+                for index in range(-(-size // (RANGE_MIB << 20))):
+                    out.write(read_range(index))
 
-        code = exit_code(await call(self.target.tokens, copy))
-        if code != 0:
+        try:
+            await call(self.target.tokens, copy)
+        except BaseException:
             partial.unlink(missing_ok=True)
-            if code == MISSING:
-                raise RemotePathNotFound(remote)
-            if code == IS_DIR:
-                raise IsADirectoryError(f"sandbox path {remote!r} is a directory")
-            raise ProviderError(f"reading {remote!r} failed with exit code {code}")
+            raise
         partial.replace(destination)
 
     async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None:
