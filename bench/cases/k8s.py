@@ -1,17 +1,146 @@
-"""Kubernetes rows: STUB, skipped while the k8s provider is being written.
+"""Kubernetes rows: Pod open with `no-network` enforced vs `kubectl run` + wait Ready,
+exec vs `kubectl exec`, and a policy patch until the probe sees it enforced.
 
-To add them: a case module like `docker_exec`/`docker_open` taking a k8s Context (an
-environment from `ENVIRONMENTS.create("k8s", ...)` and a raw `kubernetes` client as the
-baseline), registered in `bench.cases.CASES`; `Row` and the table need no change.
+Runs against KUBECONFIG (default: the cluster of tests/integration/cluster/up.sh) in a
+namespace of its own, removed at the end; skipped with the reason when no cluster answers.
+Not yet here: directory transfer vs `kubectl cp`, and 100 Pods at once.
 """
 
 from __future__ import annotations
 
-from bench.context import Context
-from bench.report import Row
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from pathlib import Path
 
-REASON = "skipped: STUB, the k8s provider is being written; rows will be exec, open, transfer"
+import anyio
+
+from bench.context import TEST_IMAGE, Context, timed, timed_sync
+from bench.report import Row
+from bench.stats import summarize
+from corral import ExecutionPlan, NetworkPolicy
+from corral.errors import CorralError
+from corral.providers.k8s import KubernetesConfig, KubernetesEnvironment
+from corral.providers.k8s.session import KubernetesSession
+
+DEFAULT_KUBECONFIG = "/var/lib/corral-cluster/admin.kubeconfig"
+CACHED_KUBECTL = "/var/cache/corral/cluster/kubernetes-v1.34.4/bin/kubectl"
+
+
+def _locate() -> tuple[str, str] | None:
+    """(kubeconfig, kubectl) when both are there."""
+    kubeconfig = os.environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG
+    kubectl = shutil.which("kubectl") or (CACHED_KUBECTL if Path(CACHED_KUBECTL).exists() else None)
+    if kubectl is None or not Path(kubeconfig).exists():
+        return None
+    return kubeconfig, kubectl
 
 
 async def run(ctx: Context) -> list[Row]:
-    return [Row("k8s: exec, open, transfer, policy", note=REASON)]
+    found = _locate()
+    if found is None:
+        reason = "skipped: no kubeconfig or no kubectl; run tests/integration/cluster/up.sh"
+        return [Row("k8s: open, exec, policy", note=reason)]
+    kubeconfig, kubectl = found
+    namespace = f"corral-bench-{secrets.token_hex(3)}"
+    env = KubernetesEnvironment(
+        KubernetesConfig(
+            kubeconfig=kubeconfig,
+            namespace=namespace,
+            create_namespace=True,
+            image_pull_policy="Never",
+            owner=ctx.owner,
+        )
+    )
+    base = [kubectl, "--kubeconfig", kubeconfig, "-n", namespace]
+    try:
+        return await _rows(ctx, env, base)
+    except CorralError as exc:
+        return [Row("k8s: open, exec, policy", note=f"failed: {exc}")]
+    finally:
+        await anyio.run_process(
+            [*base[:3], "delete", "namespace", namespace, "--wait=false"], check=False
+        )
+
+
+def _kubectl_run(base: list[str], name: str) -> None:
+    subprocess.run(
+        [
+            *base,
+            "run",
+            name,
+            f"--image={TEST_IMAGE}",
+            "--image-pull-policy=Never",
+            "--restart=Never",
+            "--command",
+            "--",
+            "sleep",
+            "3600",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [*base, "wait", "--for=condition=Ready", f"pod/{name}", "--timeout=120s"],
+        check=True,
+        capture_output=True,
+    )
+
+
+async def _rows(ctx: Context, env: KubernetesEnvironment, base: list[str]) -> list[Row]:
+    plan = ExecutionPlan.model_validate({"image": TEST_IMAGE, "network": "no-network"})
+    warm = await env.open(plan)  # the first Pod in a namespace waits for its service account
+    await env.close(warm)
+    opens: list[float] = []
+    for _ in range(ctx.reps(8)):
+        started = time.perf_counter()
+        session = await env.open(plan)
+        opens.append(time.perf_counter() - started)
+        await env.close(session)
+    runs: list[float] = []
+    for i in range(ctx.reps(8)):
+        name = f"bench-{i}"
+        runs.append(
+            await anyio.to_thread.run_sync(timed_sync, lambda n=name: _kubectl_run(base, n))
+        )
+        await anyio.run_process(
+            [*base, "delete", "pod", name, "--grace-period=0", "--force"], check=False
+        )
+    execs: list[float] = []
+    kexecs: list[float] = []
+    switches: list[float] = []
+    enforced: list[float] = []
+    async with env.session(plan) as session:
+        assert isinstance(session, KubernetesSession)
+        pod = session.target.pod
+        for _ in range(ctx.reps(20)):
+            execs.append(await timed(lambda: session.exec(["true"])))
+            kexecs.append(
+                await anyio.to_thread.run_sync(
+                    timed_sync,
+                    lambda: subprocess.run(
+                        [*base, "exec", pod, "--", "true"], check=True, capture_output=True
+                    ),
+                )
+            )
+        for _ in range(ctx.reps(10)):
+            await session.set_network_policy(NetworkPolicy.public())
+            switches.append(await timed(lambda: session.set_network_policy("no-network")))
+            enforced.append(session.last_enforced_s)
+    return [
+        Row(
+            "k8s: Pod open, no-network enforced",
+            summarize(opens),
+            "`kubectl run` + wait Ready (no policy)",
+            summarize(runs),
+        ),
+        Row("k8s: exec `true`", summarize(execs), "`kubectl exec`", summarize(kexecs)),
+        Row(
+            "k8s: switch public → no-network (patch, probe refused)",
+            summarize(switches),
+            "of which patch → probe refused",
+            summarize(enforced),
+        ),
+    ]
