@@ -23,7 +23,7 @@ from corral import (
 )
 from corral.providers.k8s import KubernetesEnvironment
 from corral.testing.plugin import EgressTarget
-from tests.integration.conftest import ALLOWED_IP
+from tests.integration.conftest import ALLOWED_IP, unavailable
 from tests.integration.k8s.conftest import TEST_IMAGE, make_env
 
 pytestmark = pytest.mark.anyio
@@ -185,7 +185,7 @@ def enforcer_paused() -> Iterator[None]:
     """kube-router frozen (SIGSTOP), so new NetworkPolicies are not programmed: the
     cluster then fails open, as kind's kindnetd does."""
     if not ENFORCER_PID.exists():
-        pytest.skip(f"no {ENFORCER_PID}: this test needs the cluster of cluster/up.sh")
+        unavailable(f"no {ENFORCER_PID}: this test needs the cluster of cluster/up.sh")
     pid = int(ENFORCER_PID.read_text().strip())
     os.kill(pid, signal.SIGSTOP)
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
+from corral.core.session import ExecResult
 from corral.errors import NetworkPolicyNotEnforced, ProviderError
 from corral.network.iptables import CHAIN, render_iptables
 from corral.network.policy import NetworkPolicy
@@ -44,20 +45,27 @@ $CORRAL_PROBE_TABLES -w 5 -nvxL "$CORRAL_CHAIN" \
 """
 
 
-async def dns_servers(api: Engine, tokens: int, holder: str) -> tuple[IPAddress, ...]:
-    result = await run_exec(
+async def _as_root(
+    api: Engine, tokens: int, container: str, argv: list[str], env: dict[str, str] | None = None
+) -> ExecResult:
+    """A control command of corral's own, as root, with a bounded wait."""
+    return await run_exec(
         api,
         tokens,
-        holder,
-        ["cat", "/etc/resolv.conf"],
-        env={},
+        container,
+        argv,
+        env=env or {},
         workdir=None,
         user="0",
         stdin=None,
-        timeout=30,
+        timeout=60,
         on_output=None,
         output_limit=DEFAULT_OUTPUT_LIMIT,
     )
+
+
+async def dns_servers(api: Engine, tokens: int, holder: str) -> tuple[IPAddress, ...]:
+    result = await _as_root(api, tokens, holder, ["cat", "/etc/resolv.conf"])
     return parse_resolv_conf(result.stdout)
 
 
@@ -67,19 +75,7 @@ async def resolve_in(
     """Resolve `hosts` the way processes in `container`'s namespace do (getent)."""
     if not hosts:
         return {}
-    result = await run_exec(
-        api,
-        tokens,
-        container,
-        ["sh", "-c", GETENT_SCRIPT, "sh", *hosts],
-        env={},
-        workdir=None,
-        user="0",
-        stdin=None,
-        timeout=30,
-        on_output=None,
-        output_limit=DEFAULT_OUTPUT_LIMIT,
-    )
+    result = await _as_root(api, tokens, container, ["sh", "-c", GETENT_SCRIPT, "sh", *hosts])
     return parse_getent(result.stdout)
 
 
@@ -111,19 +107,7 @@ async def apply_policy(
         "CORRAL_PROBE_PORT": str(DISCARD_PORT if probe is None else probe[1]),
         "CORRAL_PROBE_TABLES": "ip6tables" if probe and probe[0].version == 6 else "iptables",
     }
-    result = await run_exec(
-        api,
-        tokens,
-        holder,
-        ["sh", "-c", _APPLY],
-        env=env,
-        workdir=None,
-        user="0",
-        stdin=None,
-        timeout=60,
-        on_output=None,
-        output_limit=DEFAULT_OUTPUT_LIMIT,
-    )
+    result = await _as_root(api, tokens, holder, ["sh", "-c", _APPLY], env)
     if result.returncode != 0:
         raise ProviderError(
             f"applying network policy {policy} failed (exit {result.returncode}): "

@@ -14,6 +14,7 @@ import time
 from contextlib import AsyncExitStack
 from typing import Any, ClassVar
 
+import anyio
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
@@ -50,7 +51,8 @@ class KubernetesEnvironment(BaseEnvironment):
 
     async def clients(self) -> Api:
         if self._clients is None:
-            clients = connect(self.config)
+            # Loading a kubeconfig reads files (and may run an exec credential plugin).
+            clients = await anyio.to_thread.run_sync(connect, self.config)
             await self._check_namespace(clients)
             self._clients = clients
         return self._clients
