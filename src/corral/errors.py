@@ -43,3 +43,11 @@ class NetworkPolicyUnsupported(CorralError, ValueError):
 
 class NetworkPolicyNotEnforced(CorralError):
     """A probe got through a policy that should have stopped it; the session was closed."""
+
+
+class WorkloadNotStopped(ProviderError):
+    """The processes a phase started could not be killed, or not shown gone."""
+
+
+class FeatureUnsupported(CorralError):
+    """The provider cannot serve this call; the message names the feature."""

@@ -54,6 +54,7 @@ class TaskRun:
         *,
         fresh_evaluation: bool = False,
         always_allow: Iterable[str | NetworkTarget] = (),
+        restore_timeout_s: float = 120.0,
     ) -> None:
         allowed = tuple(NetworkTarget.model_validate(t) for t in always_allow)
         schedule = plan.network
@@ -63,6 +64,7 @@ class TaskRun:
         self.env = env
         self.plan = plan.model_copy(update={"network": NetworkSchedule.model_validate(merged)})
         self.fresh_evaluation = fresh_evaluation
+        self.restore_timeout_s = restore_timeout_s
         self.policy_log: list[PolicyLogEntry] = []
         self._session: EnvironmentSession | None = None
 
@@ -119,6 +121,9 @@ class TaskRun:
         *,
         restore: Phase,
     ) -> T:
+        if session is self._session:
+            # Whatever the agent left running dies before the evaluation policy applies.
+            await session.end_workload()
         await self._switch(session, "evaluation")
         try:
             result = await fn(session)
@@ -133,7 +138,10 @@ class TaskRun:
     ) -> None:
         with anyio.CancelScope(shield=True):
             try:
-                await self._switch(session, phase)
+                # A hung switch must not hang the harness: bounded, then an error.
+                with anyio.fail_after(self.restore_timeout_s):
+                    await session.end_workload()
+                    await self._switch(session, phase)
             except Exception as failure:
                 if primary is None:
                     raise

@@ -9,7 +9,8 @@ Contract (every provider, checked by `corral.testing`):
 - `upload_dir`/`download_dir`: the tree lands exactly at the requested root; members that
   would land outside it (links, absolute or `..` paths) are refused.
 - `read_text` on a missing path raises `RemotePathNotFound` naming it.
-- `set_network_policy` applies atomically or raises and leaves the old policy in force.
+- `set_network_policy` applies atomically; when applying or verifying fails, the sandbox is
+  left with no network (or closed, if even that fails) and the error says which.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ from pydantic import BaseModel, ConfigDict
 
 from corral.core.logs import event
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
-from corral.errors import NetworkPolicyNotEnforced, NetworkPolicyUnsupported
+from corral.errors import (
+    FeatureUnsupported,
+    NetworkPolicyNotEnforced,
+    NetworkPolicyUnsupported,
+    WorkloadNotStopped,
+)
 from corral.network.policy import NetworkPolicy
 
 if TYPE_CHECKING:
@@ -40,6 +46,7 @@ Stream = Literal["stdout", "stderr"]
 OutputCallback = Callable[[Stream, str], object | Awaitable[object]]
 Command = str | Sequence[str]
 TIMEOUT_RETURNCODE = 124
+FALLBACK_TIMEOUT_S = 60.0
 
 
 class ExecResult(BaseModel):
@@ -139,7 +146,7 @@ class EnvironmentSession(abc.ABC):
         return None
 
     async def set_network_policy(self, policy: NetworkPolicy | str) -> None:
-        """Switch the policy in force, atomically; on error the old policy stays."""
+        """Switch the policy in force, atomically; on failure fall back to no network."""
         new = NetworkPolicy.model_validate(policy)
         env = self.environment
         if env is None or self.closed:
@@ -154,7 +161,15 @@ class EnvironmentSession(abc.ABC):
             )
         caps.check_policy(new, "run")
         started = anyio.current_time()
-        await self._apply_network_policy(new)
+        try:
+            await self._apply_network_policy(new)
+        except BaseException as failure:
+            outcome = "the session was closed"
+            with anyio.CancelScope(shield=True):
+                outcome = await self._fail_closed(failure)
+            if isinstance(failure, Exception):
+                failure.add_note(f"corral: switching to {new} failed; {outcome}")
+            raise
         self.policy = new
         event(
             log,
@@ -164,6 +179,65 @@ class EnvironmentSession(abc.ABC):
             mode=new.network_mode.value,
             duration_s=round(anyio.current_time() - started, 4),
         )
+
+    async def end_workload(self) -> None:
+        """Kill every process running in the sandbox and show, from outside, they are gone.
+
+        What the sandbox keeps is its filesystem and the process that holds it open (the
+        container's init, or `plan.command`, which starts again). Called by `TaskRun` when
+        a phase ends, so nothing the agent left running (detached, `setsid`, renamed,
+        double-forked, root or not) lives on under the next policy. Raises
+        `WorkloadNotStopped` when it cannot prove it; the session is then closed.
+        """
+        if self.closed:
+            raise WorkloadNotStopped(f"session {self.id!r} is closed")
+        started = anyio.current_time()
+        try:
+            await self._end_workload()
+        except WorkloadNotStopped as exc:
+            await self._close_after(f"{exc}")
+            raise
+        event(
+            log,
+            "info",
+            "workload ended",
+            sandbox=self.id,
+            duration_s=round(anyio.current_time() - started, 4),
+        )
+
+    async def _end_workload(self) -> None:
+        """Provider hook: kill everything in the sandbox, verify it from a trusted view."""
+        raise FeatureUnsupported(f"{type(self).__name__} cannot end a phase's processes")
+
+    async def _close_after(self, reason: str) -> None:
+        env = self.environment
+        event(log, "error", "closing the session", sandbox=self.id, reason=reason)
+        if env is not None:
+            with anyio.CancelScope(shield=True):
+                await env.close(self)
+
+    async def _fail_closed(self, failure: BaseException) -> str:
+        """After a failed switch: no network at all, or, if even that fails, closed."""
+        if self.closed:
+            return "the session was closed"
+        fallback = NetworkPolicy.no_network()
+        try:
+            with anyio.fail_after(FALLBACK_TIMEOUT_S):
+                await self._apply_network_policy(fallback)
+        except Exception as exc:
+            await self._close_after(f"applying no-network after a failed switch: {exc!r}")
+            return "applying no-network failed too, so the session was closed"
+        if self.closed:
+            return "the session was closed"
+        self.policy = fallback
+        event(
+            log,
+            "error",
+            "switch failed; the sandbox has no network",
+            sandbox=self.id,
+            error=repr(failure),
+        )
+        return "the sandbox now has no network"
 
     async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
         """Provider hook: enforce `policy` atomically, verify it, or raise."""
