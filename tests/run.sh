@@ -5,10 +5,44 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Preflight: every tool the suite calls, with the Debian package that brings it. What is
+# missing is installed here, then each is checked again, so that a fresh machine passes
+# and a machine where something was installed by hand hides nothing.
+TOOLS=(
+  "docker:docker.io" "dockerd:docker.io" "docker-compose:docker-compose"
+  "iptables:iptables" "ip6tables:iptables" "debootstrap:debootstrap"
+  "busybox:busybox-static" "tini:tini" "nc:netcat-openbsd" "unshare:util-linux"
+  "setpriv:util-linux" "ip:iproute2" "git:git" "gcc:gcc" "curl:curl" "ipset:ipset"
+  "conntrack:conntrack" "containerd:containerd" "runc:runc" "openssl:openssl"
+)
+preflight() {
+  local missing=() entry tool
+  for entry in "${TOOLS[@]}"; do
+    tool=${entry%%:*}
+    command -v "$tool" >/dev/null 2>&1 || missing+=("${entry#*:}")
+  done
+  if ((${#missing[@]})); then
+    mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+    echo "tests/run.sh: installing from Debian: ${missing[*]}" >&2
+    [ "$(id -u)" = 0 ] || { echo "tests/run.sh: need root to install ${missing[*]}" >&2; exit 1; }
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+      || { apt-get -o DPkg::Lock::Timeout=900 update -qq \
+        && apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
+  fi
+  local absent=()
+  for entry in "${TOOLS[@]}"; do
+    tool=${entry%%:*}
+    command -v "$tool" >/dev/null 2>&1 || absent+=("$tool (Debian: ${entry#*:})")
+  done
+  if ((${#absent[@]})); then
+    echo "tests/run.sh: still missing after install: ${absent[*]}" >&2
+    exit 1
+  fi
+}
+
 command -v uv >/dev/null || python3 -m pip install --quiet uv
-if ! command -v nc >/dev/null || ! command -v unshare >/dev/null; then
-  apt-get -o DPkg::Lock::Timeout=600 install -y -qq netcat-openbsd util-linux iproute2 >/dev/null
-fi
+preflight
 uv sync --all-extras --frozen --quiet
 
 started_engine=0

@@ -58,6 +58,7 @@ install_missing() {
     command -v debootstrap >/dev/null || pkgs+=(debootstrap)
     [[ -x /bin/busybox ]] || pkgs+=(busybox-static)
     command -v tini >/dev/null || pkgs+=(tini)
+    command -v docker-compose >/dev/null || pkgs+=(docker-compose)
     if ((${#pkgs[@]})); then
         log "installing from Debian: ${pkgs[*]}"
         [[ $(id -u) == 0 ]] || die "need root to install ${pkgs[*]}"

@@ -7,21 +7,16 @@ IPv4 table is restored, so the old policy stays whole.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
 from corral.core.session import ExecResult
 from corral.errors import NetworkPolicyNotEnforced, ProviderError
+from corral.network.dns import resolve_names
 from corral.network.iptables import CHAIN, render_iptables
 from corral.network.policy import NetworkPolicy
 from corral.network.probe import DISCARD_PORT, forbidden_probe
-from corral.network.resolve import (
-    GETENT_SCRIPT,
-    Resolution,
-    parse_getent,
-    parse_resolv_conf,
-    resolve_policy,
-)
+from corral.network.resolve import Resolution, parse_resolv_conf, resolve_policy
 from corral.network.targets import IPAddress
 from corral.providers.docker.engine import Engine
 from corral.providers.docker.execution import run_exec
@@ -46,7 +41,12 @@ $CORRAL_PROBE_TABLES -w 5 -nvxL "$CORRAL_CHAIN" \
 
 
 async def _as_root(
-    api: Engine, tokens: int, container: str, argv: list[str], env: dict[str, str] | None = None
+    api: Engine,
+    tokens: int,
+    container: str,
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    stdin: bytes | None = None,
 ) -> ExecResult:
     """A control command of corral's own, as root, with a bounded wait."""
     return await run_exec(
@@ -57,7 +57,7 @@ async def _as_root(
         env=env or {},
         workdir=None,
         user="0",
-        stdin=None,
+        stdin=stdin,
         timeout=60,
         on_output=None,
         output_limit=DEFAULT_OUTPUT_LIMIT,
@@ -65,18 +65,39 @@ async def _as_root(
 
 
 async def dns_servers(api: Engine, tokens: int, holder: str) -> tuple[IPAddress, ...]:
+    """The network's resolvers, read from the holder before any sandbox joins it."""
     result = await _as_root(api, tokens, holder, ["cat", "/etc/resolv.conf"])
     return parse_resolv_conf(result.stdout)
 
 
 async def resolve_in(
-    api: Engine, tokens: int, container: str, hosts: Sequence[str]
+    api: Engine,
+    tokens: int,
+    container: str,
+    hosts: Sequence[str],
+    *,
+    servers: Sequence[IPAddress],
+    static: Mapping[str, str],
 ) -> dict[str, list[IPAddress]]:
-    """Resolve `hosts` the way processes in `container`'s namespace do (getent)."""
+    """Resolve `hosts` with corral's own queries, sent from `container` (holder image).
+
+    Never through the namespace's /etc/hosts or libc: the sandbox shares those files and
+    can rewrite them. The harness's `extra_hosts` come from the config instead.
+    """
     if not hosts:
         return {}
-    result = await _as_root(api, tokens, container, ["sh", "-c", GETENT_SCRIPT, "sh", *hosts])
-    return parse_getent(result.stdout)
+
+    async def run(argv: list[str], stdin: bytes) -> str:
+        result = await _as_root(api, tokens, container, argv, stdin=stdin)
+        if result.stdout_truncated:
+            raise ValueError("the DNS answers were longer than corral reads")
+        return result.stdout
+
+    try:
+        answers = await resolve_names(hosts, servers=servers, run=run, static=static)
+    except ValueError as exc:
+        raise ProviderError(f"resolving {', '.join(hosts)} failed: {exc}") from None
+    return {name: list(answer.addresses) for name, answer in answers.items()}
 
 
 async def apply_policy(
@@ -87,11 +108,14 @@ async def apply_policy(
     *,
     resolver_container: str,
     dns: tuple[IPAddress, ...],
+    extra_hosts: Mapping[str, str],
     probe_candidates: list[tuple[IPAddress, int]],
 ) -> Resolution:
     """Resolve, render and apply `policy` in one holder exec, then check it with a probe."""
     hostnames = [t.host for t in policy.targets if t.entry_type.value == "hostname"]
-    answers = await resolve_in(api, tokens, resolver_container, hostnames)
+    answers = await resolve_in(
+        api, tokens, resolver_container, hostnames, servers=dns, static=extra_hosts
+    )
 
     async def lookup(host: str) -> list[IPAddress]:
         return answers.get(host, [])

@@ -269,6 +269,7 @@ class DockerEnvironment(BaseEnvironment):
                 plan.network.baseline,
                 resolver_container=holder_id,
                 dns=dns,
+                extra_hosts=cfg.extra_hosts,
                 probe_candidates=[(gateway, DISCARD_PORT)],
             )
         except NetworkPolicyNotEnforced as exc:
@@ -342,6 +343,7 @@ class DockerEnvironment(BaseEnvironment):
             gateway=gateway,
             holder_address=net_info.get("IPAddress", ""),
             dns=dns,
+            extra_hosts=cfg.extra_hosts,
             published=published,
             local_engine=client.api.base_url.startswith("http+docker://"),
             user=cfg.user,

@@ -14,7 +14,12 @@ from docker.errors import APIError, NotFound
 
 from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
 from corral.core.tarsafe import extract_file, extract_tar, pack_dir, pack_file, validate_dir
-from corral.errors import NetworkPolicyNotEnforced, ProviderError, RemotePathNotFound
+from corral.errors import (
+    NetworkPolicyNotEnforced,
+    ProviderError,
+    RemotePathNotFound,
+    WorkloadNotStopped,
+)
 from corral.network.policy import NetworkPolicy
 from corral.network.probe import DISCARD_PORT
 from corral.network.resolve import needs_dns
@@ -39,6 +44,7 @@ class DockerSession(EnvironmentSession):
         gateway: IPAddress,
         holder_address: str,
         dns: tuple[IPAddress, ...],
+        extra_hosts: dict[str, str],
         published: dict[int, int],
         local_engine: bool,
         user: str | None,
@@ -57,6 +63,7 @@ class DockerSession(EnvironmentSession):
         self.gateway = gateway
         self.holder_address = holder_address
         self.dns = dns
+        self.extra_hosts = extra_hosts
         self.published = published
         self.local_engine = local_engine
         self.user = user
@@ -157,6 +164,39 @@ class DockerSession(EnvironmentSession):
     async def host_gateway(self) -> str | None:
         return str(self.gateway)
 
+    async def _end_workload(self) -> None:
+        """Restart the sandbox container: its init dies, so the kernel kills its whole PID
+        namespace, whatever the processes did to detach or hide. The filesystem stays.
+
+        Shown gone through the engine's host-side view (`top`, container state), which
+        nothing inside the container can change.
+        """
+        api = self.client.api
+        try:
+            before = await self._host_pids()
+            old: dict[str, Any] = await call(self.tokens, api.inspect_container, self.sandbox)
+            await call(self.tokens, api.restart, self.sandbox, timeout=0)
+            new: dict[str, Any] = await call(self.tokens, api.inspect_container, self.sandbox)
+            after = await self._host_pids()
+        except APIError as exc:
+            raise WorkloadNotStopped(
+                f"sandbox {self.id}: restarting its container failed: {exc.explanation}"
+            ) from None
+        state = new["State"]
+        survivors = before & after
+        if not state.get("Running") or state.get("Pid") == old["State"].get("Pid") or survivors:
+            raise WorkloadNotStopped(
+                f"sandbox {self.id}: processes {sorted(survivors)} outlived the restart"
+                if survivors
+                else f"sandbox {self.id}: the container did not come back after the restart"
+            )
+
+    async def _host_pids(self) -> set[str]:
+        top: dict[str, Any] = await call(self.tokens, self.client.api.top, self.sandbox)
+        column = top["Titles"].index("PID")
+        rows: list[list[str]] = top.get("Processes") or []
+        return {row[column] for row in rows}
+
     async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
         try:
             await self._apply(policy)
@@ -166,8 +206,8 @@ class DockerSession(EnvironmentSession):
     async def _apply(self, policy: NetworkPolicy) -> None:
         hostnames = any(t.entry_type.value == "hostname" for t in policy.targets)
         if hostnames and not needs_dns(self.policy):
-            # DNS is closed in this namespace right now; resolve from a twin on the same
-            # network (same embedded resolver, same /etc/hosts entries) instead.
+            # DNS is closed in this namespace right now; ask the same network's resolver
+            # from a fresh twin of corral's image instead.
             async with _resolver(self) as twin:
                 await self._apply_via(policy, twin)
             return
@@ -181,6 +221,7 @@ class DockerSession(EnvironmentSession):
             policy,
             resolver_container=resolver,
             dns=self.dns,
+            extra_hosts=self.extra_hosts,
             probe_candidates=[(self.gateway, DISCARD_PORT)],
         )
 
@@ -191,10 +232,8 @@ async def _resolver(session: DockerSession) -> AsyncGenerator[str]:
     s = session
     name = f"corral-{s.id}-resolver-{secrets.token_hex(3)}"
     try:
-        holder: dict[str, Any] = await call(s.tokens, s.client.api.inspect_container, s.holder)
         host_config = s.client.api.create_host_config(
             network_mode=s.network,
-            extra_hosts=holder["HostConfig"].get("ExtraHosts") or None,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
         )

@@ -1,0 +1,115 @@
+"""An agent that is root in the sandbox tries to outlive its phase, steer name resolution,
+or keep a wider policy after a failed switch; each attempt fails on a real engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral import EnvironmentSession, ExecutionPlan, NetworkPolicy, NetworkSchedule, TaskRun
+from corral.errors import CorralError
+from corral.providers.docker import DockerEnvironment
+from corral.testing.plugin import EgressTarget
+from tests.integration.conftest import ALLOWED_IP, DENIED_IP, TCP_PORT
+from tests.integration.docker.conftest import TEST_IMAGE
+
+pytestmark = pytest.mark.anyio
+
+# Each loop bumps its own counter file and dials the allowed target, forever.
+LOOP = "while :; do echo x >> /tmp/count-{tag}; nc -z -w 1 {ip} {port}; sleep 0.2; done"
+ESCAPES = {
+    "setsid": "setsid nohup sh -c '{loop}' >/dev/null 2>&1 &",
+    "double-fork": "( ( sh -c '{loop}' >/dev/null 2>&1 & ) & )",
+    "renamed": "nohup bash -c 'exec -a kworker/0:1 sh -c \"{loop}\"' >/dev/null 2>&1 &",
+}
+
+
+async def reachable(sandbox: EnvironmentSession, ip: str, port: int = TCP_PORT) -> bool:
+    result = await sandbox.exec(["nc", "-z", "-w", "3", ip, str(port)])
+    return result.returncode == 0
+
+
+async def counts(sandbox: EnvironmentSession) -> dict[str, int]:
+    result = await sandbox.exec("for f in /tmp/count-*; do echo $f $(wc -l < $f); done")
+    pairs = (line.split() for line in result.stdout.splitlines() if line.strip())
+    return {name: int(n) for name, n in pairs if n.isdigit()}
+
+
+async def test_run_phase_processes_do_not_outlive_the_run(
+    docker_env: DockerEnvironment, tcp_targets: list[EgressTarget]
+) -> None:
+    schedule = NetworkSchedule(
+        baseline=NetworkPolicy.public(),
+        run=NetworkPolicy.no_network(),
+        evaluation=NetworkPolicy.public(),
+    )
+    plan = ExecutionPlan(image=TEST_IMAGE, network=schedule)
+    async with TaskRun(docker_env, plan) as run:
+        async with run.running() as sandbox:
+            for name, template in ESCAPES.items():
+                for user in ("0", "1000"):
+                    loop = LOOP.format(tag=f"{name}-{user}", ip=ALLOWED_IP, port=TCP_PORT)
+                    started = await sandbox.exec(template.format(loop=loop), user=user)
+                    assert started.returncode == 0, started
+            await sandbox.exec(["sleep", "1"])
+            assert len(await counts(sandbox)) == 2 * len(ESCAPES)
+
+        async def evaluation(session: EnvironmentSession) -> tuple[str, dict[str, int]]:
+            table = await session.exec(["ps", "-eo", "pid,user,args"])
+            first = await counts(session)
+            await session.exec(["sleep", "1.5"])
+            assert await counts(session) == first, "a run-phase loop still runs"
+            return table.stdout, first
+
+        table, _ = await run.evaluate(evaluation)
+        assert "count-" not in table and "kworker" not in table, table
+        assert "nc -z" not in table, table
+        # The restore to baseline comes with its own kill: still nothing runs.
+        after = await run.session.exec(["ps", "-eo", "args"])
+        assert "count-" not in after.stdout
+
+
+async def test_agent_cannot_choose_what_a_name_resolves_to(
+    docker_env: DockerEnvironment, tcp_targets: list[EgressTarget]
+) -> None:
+    plan = ExecutionPlan(image=TEST_IMAGE)
+    async with docker_env.session(plan) as sandbox:
+        # Root in the sandbox owns /etc/hosts, which the holder's namespace shares.
+        forged = (
+            f"printf '%s api.innocent.example\\n%s allowed.corral.test\\n' {DENIED_IP} "
+            f"{DENIED_IP} > /tmp/h && cat /etc/hosts >> /tmp/h && cat /tmp/h > /etc/hosts"
+        )
+        assert (await sandbox.exec(forged)).returncode == 0
+        assert (await sandbox.exec(["getent", "hosts", "allowed.corral.test"])).stdout.startswith(
+            DENIED_IP
+        )
+
+        await sandbox.set_network_policy(f"allowlist:allowed.corral.test:{TCP_PORT}")
+        assert await reachable(sandbox, ALLOWED_IP), "the harness's address must be allowed"
+        assert not await reachable(sandbox, DENIED_IP), "the agent's forged address got through"
+
+        # A name only the agent knows resolves to nothing: it allows nothing.
+        await sandbox.set_network_policy(f"allowlist:api.innocent.example:{TCP_PORT}")
+        assert not await reachable(sandbox, DENIED_IP)
+
+        # Nor can it un-deny a denied name by pointing it elsewhere.
+        await sandbox.exec(
+            f"sed -i 's/^.*denied.corral.test$/127.0.0.2 denied.corral.test/' /etc/hosts"
+        )
+        await sandbox.set_network_policy("denylist:denied.corral.test")
+        assert not await reachable(sandbox, DENIED_IP)
+        assert await reachable(sandbox, ALLOWED_IP)
+
+
+async def test_a_failed_switch_leaves_no_network(
+    docker_env: DockerEnvironment, tcp_targets: list[EgressTarget]
+) -> None:
+    plan = ExecutionPlan(image=TEST_IMAGE)
+    async with docker_env.session(plan) as sandbox:
+        assert await reachable(sandbox, ALLOWED_IP)
+        # A denied name nobody can resolve cannot be applied.
+        with pytest.raises(CorralError) as failure:
+            await sandbox.set_network_policy("denylist:nowhere.corral.invalid")
+        assert "no network" in "".join(getattr(failure.value, "__notes__", []))
+        assert sandbox.policy == NetworkPolicy.no_network()
+        assert not await reachable(sandbox, ALLOWED_IP), "the old, wider policy stayed"
+        assert (await sandbox.exec(["true"])).returncode == 0
