@@ -93,7 +93,7 @@ async def test_agent_cannot_choose_what_a_name_resolves_to(
 
         # Nor can it un-deny a denied name by pointing it elsewhere.
         await sandbox.exec(
-            f"sed -i 's/^.*denied.corral.test$/127.0.0.2 denied.corral.test/' /etc/hosts"
+            "sed -i 's/^.*denied.corral.test$/127.0.0.2 denied.corral.test/' /etc/hosts"
         )
         await sandbox.set_network_policy("denylist:denied.corral.test")
         assert not await reachable(sandbox, DENIED_IP)
