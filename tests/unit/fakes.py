@@ -48,7 +48,12 @@ class FakeSession(EnvironmentSession):
     async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None:
         raise NotImplementedError
 
+    async def _end_workload(self) -> None:
+        self.fake.applied.append((self.id, "end-workload"))
+
     async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
+        if self.fake.hang_switch and policy.network_mode is not NetworkMode.NO_NETWORK:
+            await anyio.sleep_forever()
         if policy.network_mode in self.fake.fail_modes:
             raise RuntimeError(f"cannot apply {policy.network_mode.value}")
         self.fake.applied.append((self.id, policy.network_mode.value))
@@ -79,6 +84,7 @@ class FakeEnvironment(BaseEnvironment):
         self.fail_modes = fail_modes
         self.live: set[str] = set()
         self.applied: list[tuple[str, str]] = []
+        self.hang_switch = False
         self.concurrent = 0
         self.max_seen = 0
 

@@ -129,3 +129,59 @@ async def test_always_allow_is_merged_explicitly(caplog: pytest.LogCaptureFixtur
     async with run, run.running():
         pass
     assert run.policy_log[-1][1:] == ("run", "allowlist")
+
+
+async def test_the_workload_ends_before_evaluation_and_before_the_restore() -> None:
+    env = FakeEnvironment()
+
+    async def grade(session: EnvironmentSession) -> None:
+        env.applied.append((session.id, "grading"))
+
+    async with TaskRun(env, PLAN) as run:
+        async with run.running():
+            pass
+        await run.evaluate(grade)
+        sid = run.session.id
+    assert [step for s, step in env.applied if s == sid] == [
+        "no-network",
+        "end-workload",
+        "allowlist",
+        "grading",
+        "end-workload",
+        "public",
+    ]
+
+
+async def test_a_failed_switch_falls_back_to_no_network() -> None:
+    env = FakeEnvironment(fail_modes=frozenset({NetworkMode.ALLOWLIST}))
+    async with env.session(PLAN) as session:
+        with pytest.raises(RuntimeError) as failure:
+            await session.set_network_policy("allowlist:example.com")
+        assert session.policy.network_mode is NetworkMode.NO_NETWORK
+        assert "the sandbox now has no network" in failure.value.__notes__[-1]
+        assert not session.closed
+
+
+async def test_a_switch_whose_fallback_fails_closes_the_session() -> None:
+    env = FakeEnvironment(fail_modes=frozenset({NetworkMode.ALLOWLIST, NetworkMode.NO_NETWORK}))
+    async with env.session(PLAN) as session:
+        with pytest.raises(RuntimeError) as failure:
+            await session.set_network_policy("allowlist:example.com")
+        assert session.closed
+        assert "the session was closed" in failure.value.__notes__[-1]
+    assert env.live == set()
+
+
+async def test_a_hung_restore_is_bounded_and_attached_to_the_primary_error() -> None:
+    env = FakeEnvironment()
+
+    async def grade(session: EnvironmentSession) -> None:
+        env.hang_switch = True
+        raise ValueError("grader failed")
+
+    async with TaskRun(env, PLAN, restore_timeout_s=0.2) as run:
+        async with run.running():
+            pass
+        with anyio.fail_after(5), pytest.raises(ValueError) as failure:
+            await run.evaluate(grade)
+    assert isinstance(getattr(failure.value, "restore_error"), TimeoutError)
