@@ -184,4 +184,4 @@ async def test_a_hung_restore_is_bounded_and_attached_to_the_primary_error() -> 
             pass
         with anyio.fail_after(5), pytest.raises(ValueError) as failure:
             await run.evaluate(grade)
-    assert isinstance(getattr(failure.value, "restore_error"), TimeoutError)
+    assert isinstance(failure.value.restore_error, TimeoutError)  # type: ignore[attr-defined]
