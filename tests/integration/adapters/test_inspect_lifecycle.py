@@ -93,6 +93,11 @@ async def test_phase_switch_and_connection(engine: Any, owner: str) -> None:
         assert attach.container is not None
         assert attach.command.startswith("docker exec -it --user root ")
         assert engine.containers.get(attach.container).status == "running"
+        # What the agent leaves running during `run` is gone before the grader's phase.
+        await env.exec(["sh", "-c", "setsid nohup sleep 1000 >/dev/null 2>&1 &"])
+        await env.set_phase("evaluation")
+        table = await env.exec(["ps", "-eo", "args"])
+        assert "sleep 1000" not in table.stdout, table.stdout
     finally:
         await CorralSandboxEnvironment.sample_cleanup("phases", config, envs, False)
     with pytest.raises(ConnectionError):

@@ -68,7 +68,13 @@ class CorralSandboxEnvironment(SandboxEnvironment):
         self.schedule = schedule
 
     async def set_phase(self, phase: Phase) -> None:
-        """Apply the plan's policy for `phase` (only where the provider can switch)."""
+        """Apply the plan's policy for `phase` (only where the provider can switch).
+
+        As with `TaskRun`, every phase but `run` starts in a clean process table: what the
+        agent left running never lives on under the grader's policy.
+        """
+        if phase != "run":
+            await self.session.end_workload()
         await self.session.set_network_policy(self.schedule.policy(phase))
 
     @classmethod
