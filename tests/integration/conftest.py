@@ -27,6 +27,8 @@ ALLOWED_IP = f"10.214.{_RUN}.1"
 DENIED_IP = f"10.214.{_RUN}.2"
 ALLOWED_IP6 = f"fd00:214:{_RUN:x}::1"
 DENIED_IP6 = f"fd00:214:{_RUN:x}::2"
+# Link-local, like a cloud metadata address, but one this test run owns.
+LINK_LOCAL_IP = f"169.254.214.{_RUN}"
 HOSTS = {"allowed.corral.test": ALLOWED_IP, "denied.corral.test": DENIED_IP}
 
 
@@ -46,7 +48,7 @@ def target_link() -> Iterator[None]:
     # A veth pair (this kernel has no dummy links) whose addresses are local to the host.
     _ip("link", "add", TARGET_LINK, "type", "veth", "peer", "name", f"{TARGET_LINK}p")
     try:
-        for address in (ALLOWED_IP, DENIED_IP):
+        for address in (ALLOWED_IP, DENIED_IP, LINK_LOCAL_IP):
             _ip("addr", "add", f"{address}/32", "dev", TARGET_LINK)
         for address in (ALLOWED_IP6, DENIED_IP6):
             _ip("-6", "addr", "add", f"{address}/128", "dev", TARGET_LINK, "nodad")

@@ -1,0 +1,129 @@
+"""The escape catalogue, as root in a Docker sandbox, under no-network and allowlist."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+
+import anyio
+import pytest
+
+from corral import EnvironmentSession, ExecutionPlan, NetworkSchedule
+from corral.providers.docker import DockerEnvironment
+from corral.providers.docker.session import DockerSession
+from corral.testing.escapes import EscapeTargets, catalogue, escapes, failed_controls
+from corral.testing.plugin import EgressTarget
+from corral.testing.servers import stop_server
+from tests.integration.conftest import (
+    ALLOWED_IP,
+    DENIED_IP,
+    DENIED_IP6,
+    LINK_LOCAL_IP,
+    TCP_PORT,
+    UDP_PORT,
+)
+from tests.integration.docker.conftest import TEST_IMAGE, make_env
+
+pytestmark = pytest.mark.anyio
+PEER_PORT = 9000
+
+
+def _accept_forever(server: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def listeners(target_link: None) -> Iterator[dict[str, int]]:
+    """Host listeners: the denied IPv6 address, the link-local one, and every address."""
+    servers = {
+        "v6": socket.create_server((DENIED_IP6, 0), family=socket.AF_INET6),
+        "link-local": socket.create_server((LINK_LOCAL_IP, 0)),
+        "host": socket.create_server(("0.0.0.0", 0)),
+    }
+    threads = [
+        threading.Thread(target=_accept_forever, args=(s,), daemon=True) for s in servers.values()
+    ]
+    for thread in threads:
+        thread.start()
+    yield {name: s.getsockname()[1] for name, s in servers.items()}
+    for server, thread in zip(servers.values(), threads, strict=True):
+        stop_server(server, thread)
+
+
+@pytest.fixture
+def ipv6_env(owner: str) -> DockerEnvironment:
+    return make_env(owner, ipv6_pool="fd00:c0ff:ee00::/48")
+
+
+@pytest.fixture
+async def peer(ipv6_env: DockerEnvironment) -> AsyncIterator[DockerSession]:
+    """Another sandbox, listening on PEER_PORT."""
+    async with ipv6_env.session(ExecutionPlan(image=TEST_IMAGE)) as other:
+        assert isinstance(other, DockerSession)
+        await other.exec(["sh", "-c", f"nohup nc -lk -p {PEER_PORT} >/dev/null 2>&1 &"])
+        yield other
+
+
+def targets(
+    sandbox: EnvironmentSession, peer: DockerSession, ports: dict[str, int]
+) -> EscapeTargets:
+    assert isinstance(sandbox, DockerSession)
+    return EscapeTargets(
+        denied_ip=DENIED_IP,
+        denied_ip6=DENIED_IP6,
+        port=TCP_PORT,
+        port6=ports["v6"],
+        udp_port=UDP_PORT,
+        link_local_ip=LINK_LOCAL_IP,
+        link_local_port=ports["link-local"],
+        host_ip=str(sandbox.gateway),
+        host_port=ports["host"],
+        peer_ip=peer.holder_address,
+        peer_port=PEER_PORT,
+        resolver=str(sandbox.dns[0]),
+    )
+
+
+def plan(policy: str) -> ExecutionPlan:
+    return ExecutionPlan(
+        image=TEST_IMAGE, network=NetworkSchedule.model_validate({"baseline": policy})
+    )
+
+
+async def test_the_catalogue_has_at_least_25_techniques() -> None:
+    names = [t.name for t in catalogue(EscapeTargets("", "", 1, 1, 1, "", 1, "", 1, "", 1, ""))]
+    assert len(names) == len(set(names)) >= 25
+
+
+async def test_dialling_techniques_reach_their_targets_under_public(
+    ipv6_env: DockerEnvironment,
+    peer: DockerSession,
+    listeners: dict[str, int],
+    udp_targets: list[EgressTarget],
+) -> None:
+    async with ipv6_env.session(plan("public")) as sandbox:
+        failed = await failed_controls(sandbox, targets(sandbox, peer, listeners))
+    assert failed == {}, "these techniques prove nothing: they fail even under public"
+
+
+@pytest.mark.parametrize("policy", ["no-network", f"allowlist:{ALLOWED_IP}:{TCP_PORT}"])
+async def test_no_technique_escapes(
+    ipv6_env: DockerEnvironment,
+    peer: DockerSession,
+    listeners: dict[str, int],
+    udp_targets: list[EgressTarget],
+    policy: str,
+) -> None:
+    async with ipv6_env.session(plan(policy)) as sandbox:
+        with anyio.fail_after(600):
+            escaped = await escapes(sandbox, targets(sandbox, peer, listeners))
+        if policy.startswith("allowlist"):
+            allowed = await sandbox.exec(["nc", "-z", "-w", "3", ALLOWED_IP, str(TCP_PORT)])
+            assert allowed.returncode == 0, "the allowlist's own target must stay reachable"
+    assert escaped == {}
