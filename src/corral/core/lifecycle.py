@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
 from typing import TypeVar
 
@@ -67,6 +67,7 @@ class TaskRun:
         self.restore_timeout_s = restore_timeout_s
         self.policy_log: list[PolicyLogEntry] = []
         self._session: EnvironmentSession | None = None
+        self._refresher = AsyncExitStack()
 
     @property
     def schedule(self) -> NetworkSchedule:
@@ -81,6 +82,8 @@ class TaskRun:
     async def __aenter__(self) -> TaskRun:
         self._session = await self.env.open(self.plan)
         self._record(self._session, "baseline")
+        self._refresher = AsyncExitStack()
+        await self._refresher.enter_async_context(self._session.names_kept_current())
         return self
 
     async def __aexit__(
@@ -89,8 +92,11 @@ class TaskRun:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._session is not None:
-            await self.env.close(self._session)
+        try:
+            await self._refresher.aclose()
+        finally:
+            if self._session is not None:
+                await self.env.close(self._session)
 
     @asynccontextmanager
     async def running(self) -> AsyncGenerator[EnvironmentSession]:
@@ -110,7 +116,7 @@ class TaskRun:
                 )
             }
         )
-        async with self.env.session(plan) as evaluation:
+        async with self.env.session(plan) as evaluation, evaluation.names_kept_current():
             self._record(evaluation, "evaluation_baseline")
             return await self._evaluate_on(evaluation, fn, restore="evaluation_baseline")
 

@@ -19,8 +19,8 @@ import abc
 import inspect
 import logging
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -95,6 +95,10 @@ class EnvironmentSession(abc.ABC):
         self.owned: AsyncExitStack | None = None
         self.closed = False
         self.image: str = ""
+        #: bounds, in seconds, on how long a resolved hostname is trusted before it is
+        #: resolved again (its TTL, clamped into this range)
+        self.refresh_bounds_s: tuple[float, float] = (2.0, 60.0)
+        self._switching = anyio.Lock()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} id={self.id!r} policy={str(self.policy)!r}>"
@@ -160,6 +164,10 @@ class EnvironmentSession(abc.ABC):
                 f"(from {self.policy} to {new})"
             )
         caps.check_policy(new, "run")
+        async with self._switching:
+            await self._switch_to(new)
+
+    async def _switch_to(self, new: NetworkPolicy) -> None:
         started = anyio.current_time()
         try:
             await self._apply_network_policy(new)
@@ -215,6 +223,49 @@ class EnvironmentSession(abc.ABC):
         if env is not None:
             with anyio.CancelScope(shield=True):
                 await env.close(self)
+
+    async def refresh_names(self) -> float | None:
+        """Resolve the hostnames of the policy in force again and, if their addresses
+        moved, apply the policy again (atomically, as any switch). Returns the seconds
+        until the next refresh is due, or None when no hostname is in force.
+
+        A refresh that fails leaves the sandbox with no network, like a failed switch.
+        """
+        async with self._switching:
+            if self.closed:
+                return None
+            try:
+                due = await self._refresh_names()
+            except Exception as failure:
+                outcome = "the session was closed"
+                with anyio.CancelScope(shield=True):
+                    outcome = await self._fail_closed(failure)
+                event(log, "error", "re-resolving failed", sandbox=self.id, outcome=outcome)
+                return None
+        if due is None:
+            return None
+        low, high = self.refresh_bounds_s
+        return min(max(due, low), high)
+
+    async def _refresh_names(self) -> float | None:
+        """Provider hook: re-resolve and re-apply if needed; seconds until due, or None."""
+        return None
+
+    @asynccontextmanager
+    async def names_kept_current(self) -> AsyncGenerator[None]:
+        """While the block runs, hostnames in force follow their DNS answers (TTLs)."""
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._keep_refreshing)
+            try:
+                yield
+            finally:
+                group.cancel_scope.cancel()
+
+    async def _keep_refreshing(self) -> None:
+        while not self.closed:
+            due = await self.refresh_names()
+            # No hostname in force now: look again later, a switch may bring some.
+            await anyio.sleep(due if due is not None else self.refresh_bounds_s[1])
 
     async def _fail_closed(self, failure: BaseException) -> str:
         """After a failed switch: no network at all, or, if even that fails, closed."""

@@ -52,6 +52,8 @@ class Resolution(BaseModel):
 
     addresses: dict[str, tuple[IPAddress, ...]] = {}
     dns_servers: tuple[IPAddress, ...] = ()
+    #: seconds until the first of those answers expires (None: no hostname was resolved)
+    ttl_s: float | None = None
 
 
 class AddressRule(NamedTuple):

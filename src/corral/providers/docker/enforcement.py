@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
 from corral.core.session import ExecResult
 from corral.errors import NetworkPolicyNotEnforced, ProviderError
-from corral.network.dns import resolve_names
+from corral.network.dns import Answer, resolve_names
 from corral.network.iptables import CHAIN, render_iptables
 from corral.network.policy import NetworkPolicy
 from corral.network.probe import DISCARD_PORT, forbidden_probe
 from corral.network.resolve import Resolution, parse_resolv_conf, resolve_policy
-from corral.network.targets import IPAddress
+from corral.network.targets import EntryType, IPAddress
 from corral.providers.docker.engine import Engine
 from corral.providers.docker.execution import run_exec
 
@@ -78,7 +78,7 @@ async def resolve_in(
     *,
     servers: Sequence[IPAddress],
     static: Mapping[str, str],
-) -> dict[str, list[IPAddress]]:
+) -> dict[str, Answer]:
     """Resolve `hosts` with corral's own queries, sent from `container` (holder image).
 
     Never through the namespace's /etc/hosts or libc: the sandbox shares those files and
@@ -94,10 +94,32 @@ async def resolve_in(
         return result.stdout
 
     try:
-        answers = await resolve_names(hosts, servers=servers, run=run, static=static)
+        return await resolve_names(hosts, servers=servers, run=run, static=static)
     except ValueError as exc:
         raise ProviderError(f"resolving {', '.join(hosts)} failed: {exc}") from None
-    return {name: list(answer.addresses) for name, answer in answers.items()}
+
+
+async def resolve(
+    api: Engine,
+    tokens: int,
+    container: str,
+    policy: NetworkPolicy,
+    *,
+    dns: tuple[IPAddress, ...],
+    extra_hosts: Mapping[str, str],
+) -> Resolution:
+    """The policy's hostnames as corral resolves them from `container` (holder image)."""
+    hostnames = [t.host for t in policy.targets if t.entry_type is EntryType.HOSTNAME]
+    answers = await resolve_in(api, tokens, container, hostnames, servers=dns, static=extra_hosts)
+
+    async def lookup(host: str) -> tuple[IPAddress, ...]:
+        answer = answers.get(host)
+        return answer.addresses if answer else ()
+
+    ttls = [a.ttl for a in answers.values() if a.addresses]
+    return (await resolve_policy(policy, lookup, dns)).model_copy(
+        update={"ttl_s": float(min(ttls)) if ttls else (0.0 if answers else None)}
+    )
 
 
 async def apply_policy(
@@ -105,22 +127,11 @@ async def apply_policy(
     tokens: int,
     holder: str,
     policy: NetworkPolicy,
+    resolved: Resolution,
     *,
-    resolver_container: str,
-    dns: tuple[IPAddress, ...],
-    extra_hosts: Mapping[str, str],
     probe_candidates: list[tuple[IPAddress, int]],
-) -> Resolution:
-    """Resolve, render and apply `policy` in one holder exec, then check it with a probe."""
-    hostnames = [t.host for t in policy.targets if t.entry_type.value == "hostname"]
-    answers = await resolve_in(
-        api, tokens, resolver_container, hostnames, servers=dns, static=extra_hosts
-    )
-
-    async def lookup(host: str) -> list[IPAddress]:
-        return answers.get(host, [])
-
-    resolved = await resolve_policy(policy, lookup, dns)
+) -> None:
+    """Render and apply `policy` in one holder exec, then check it with a probe."""
     payload = render_iptables(policy, resolved)
     probe = forbidden_probe(policy, resolved, probe_candidates)
     env = {
@@ -148,4 +159,3 @@ async def apply_policy(
             raise NetworkPolicyNotEnforced(
                 f"probe to {target} failed, but not through corral's rules (no REJECT counted)"
             )
-    return resolved

@@ -32,7 +32,7 @@ from corral.network.policy import NetworkMode
 from corral.network.probe import DISCARD_PORT
 from corral.network.targets import EntryType
 from corral.providers.docker.config import DockerConfig
-from corral.providers.docker.enforcement import apply_policy, dns_servers
+from corral.providers.docker.enforcement import apply_policy, dns_servers, resolve
 from corral.providers.docker.engine import Engine, call, connect, idempotent
 from corral.providers.docker.pool import Pooling, WarmPool, collect_idle
 from corral.providers.docker.resources import (
@@ -261,15 +261,21 @@ class DockerEnvironment(BaseEnvironment):
         holder_id: str = holder["Id"]
         net_info = holder["NetworkSettings"]["Networks"].get(net_name, {})
         dns = await dns_servers(client.api, tokens, holder_id)
+        baseline = await resolve(
+            client.api,
+            tokens,
+            holder_id,
+            plan.network.baseline,
+            dns=dns,
+            extra_hosts=cfg.extra_hosts,
+        )
         try:
             await apply_policy(
                 client.api,
                 tokens,
                 holder_id,
                 plan.network.baseline,
-                resolver_container=holder_id,
-                dns=dns,
-                extra_hosts=cfg.extra_hosts,
+                baseline,
                 probe_candidates=[(gateway, DISCARD_PORT)],
             )
         except NetworkPolicyNotEnforced as exc:
@@ -354,6 +360,7 @@ class DockerEnvironment(BaseEnvironment):
             workdir=started["Config"].get("WorkingDir") or "/",
         )
         session.image = image
+        session.resolution = baseline
         return session
 
     async def gc(self) -> list[str]:

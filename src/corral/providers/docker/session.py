@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import secrets
 from collections.abc import AsyncGenerator
@@ -12,6 +13,7 @@ from typing import Any
 import anyio
 from docker.errors import APIError, NotFound
 
+from corral.core.logs import event
 from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
 from corral.core.tarsafe import extract_file, extract_tar, pack_dir, pack_file, validate_dir
 from corral.errors import (
@@ -22,12 +24,14 @@ from corral.errors import (
 )
 from corral.network.policy import NetworkPolicy
 from corral.network.probe import DISCARD_PORT
-from corral.network.resolve import needs_dns
-from corral.network.targets import IPAddress
-from corral.providers.docker.enforcement import apply_policy
+from corral.network.resolve import Resolution, needs_dns
+from corral.network.targets import EntryType, IPAddress
+from corral.providers.docker.enforcement import apply_policy, resolve
 from corral.providers.docker.engine import Engine, call
 from corral.providers.docker.execution import run_exec
 from corral.providers.docker.resources import remove_container
+
+log = logging.getLogger("corral.docker")
 
 
 class DockerSession(EnvironmentSession):
@@ -64,6 +68,7 @@ class DockerSession(EnvironmentSession):
         self.holder_address = holder_address
         self.dns = dns
         self.extra_hosts = extra_hosts
+        self.resolution: Resolution | None = None
         self.published = published
         self.local_engine = local_engine
         self.user = user
@@ -203,27 +208,46 @@ class DockerSession(EnvironmentSession):
         except NetworkPolicyNotEnforced as exc:
             await self.fail_enforcement(str(exc))
 
-    async def _apply(self, policy: NetworkPolicy) -> None:
-        hostnames = any(t.entry_type.value == "hostname" for t in policy.targets)
+    async def _refresh_names(self) -> float | None:
+        if not any(t.entry_type is EntryType.HOSTNAME for t in self.policy.targets):
+            return None
+        before = self.resolution
+        resolved = await self._resolve(self.policy)
+        if before is None or resolved.addresses != before.addresses:
+            await self._apply(self.policy)
+            event(log, "info", "names moved; policy applied again", sandbox=self.id)
+        return resolved.ttl_s
+
+    async def _resolve(self, policy: NetworkPolicy) -> Resolution:
+        hostnames = any(t.entry_type is EntryType.HOSTNAME for t in policy.targets)
         if hostnames and not needs_dns(self.policy):
             # DNS is closed in this namespace right now; ask the same network's resolver
             # from a fresh twin of corral's image instead.
             async with _resolver(self) as twin:
-                await self._apply_via(policy, twin)
-            return
-        await self._apply_via(policy, self.holder)
+                return await self._resolve_from(policy, twin)
+        return await self._resolve_from(policy, self.holder)
 
-    async def _apply_via(self, policy: NetworkPolicy, resolver: str) -> None:
+    async def _resolve_from(self, policy: NetworkPolicy, container: str) -> Resolution:
+        return await resolve(
+            self.client.api,
+            self.tokens,
+            container,
+            policy,
+            dns=self.dns,
+            extra_hosts=self.extra_hosts,
+        )
+
+    async def _apply(self, policy: NetworkPolicy) -> None:
+        resolved = await self._resolve(policy)
         await apply_policy(
             self.client.api,
             self.tokens,
             self.holder,
             policy,
-            resolver_container=resolver,
-            dns=self.dns,
-            extra_hosts=self.extra_hosts,
+            resolved,
             probe_candidates=[(self.gateway, DISCARD_PORT)],
         )
+        self.resolution = resolved
 
 
 @asynccontextmanager
