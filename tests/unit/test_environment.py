@@ -15,6 +15,7 @@ from corral import (
     StartupTimeout,
     Timeouts,
 )
+from corral.core.blocking import limiter
 from tests.unit.fakes import FakeEnvironment
 
 pytestmark = pytest.mark.anyio
@@ -118,3 +119,9 @@ def test_registry_rejects_bad_config_keys() -> None:
 def test_register_checks_ids() -> None:
     with pytest.raises(ConfigError, match="BaseEnvironment"):
         ENVIRONMENTS.register(int)  # type: ignore[arg-type]
+
+
+async def test_limiters_of_one_name_keep_their_own_token_counts() -> None:
+    assert limiter("test:workers", 2).total_tokens == 2
+    assert limiter("test:workers", 5).total_tokens == 5
+    assert limiter("test:workers", 2) is limiter("test:workers", 2)

@@ -14,19 +14,20 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_limiters: RunVar[dict[str, anyio.CapacityLimiter]] = RunVar("corral_limiters")
+_limiters: RunVar[dict[tuple[str, int], anyio.CapacityLimiter]] = RunVar("corral_limiters")
 
 
 def limiter(key: str, tokens: int) -> anyio.CapacityLimiter:
-    """The process-wide limiter named `key` (one per event loop), created on first use."""
+    """The process-wide limiter of `tokens` named `key` (one per event loop), made on first
+    use; callers that ask for other token counts (two configs' `max_workers`) get their own."""
     try:
         limiters = _limiters.get()
     except LookupError:
-        limiters: dict[str, anyio.CapacityLimiter] = {}
+        limiters: dict[tuple[str, int], anyio.CapacityLimiter] = {}
         _limiters.set(limiters)
-    if key not in limiters:
-        limiters[key] = anyio.CapacityLimiter(tokens)
-    return limiters[key]
+    if (key, tokens) not in limiters:
+        limiters[key, tokens] = anyio.CapacityLimiter(tokens)
+    return limiters[key, tokens]
 
 
 async def run_blocking(
