@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -110,11 +111,13 @@ async def _probe_mode(
     }[mode]
     if env.network_capabilities().dynamic:
         await opened.set_network_policy(policy)
-        seen = [await _connects(opened, gateway, p) for p in ports]
+        seen = [await _connects(opened, env, gateway, p) for p in ports]
     else:
         run_plan = plan.model_copy(update={"network": NetworkSchedule(baseline=policy)})
         async with env.session(run_plan) as sandbox:
-            seen = [await _connects(sandbox, gateway, p) for p in ports]
+            seen = [await _connects(sandbox, env, gateway, p) for p in ports]
+    if None in seen:
+        return f"{policy}: could not probe (no python3 or nc to dial with)", False
     expected = {
         NetworkMode.PUBLIC: [True, True],
         NetworkMode.NO_NETWORK: [False, False],
@@ -127,6 +130,31 @@ async def _probe_mode(
     return f"{policy}: {shown}", seen == expected
 
 
-async def _connects(sandbox: EnvironmentSession, host: str, port: int) -> bool:
-    result = await sandbox.exec(["nc", "-z", "-w", "3", host, str(port)], timeout=20)
-    return result.returncode == 0
+_DIAL = (
+    "import socket,sys\n"
+    "try:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()\n"
+    "except OSError:\n sys.exit(1)\n"
+)
+# Exit 127 when nothing can dial: a probe that could not run is never read as "refused".
+_DIAL_ANY = (
+    'if command -v python3 >/dev/null; then exec python3 -c "$0" "$1" "$2"; fi; '
+    'if command -v nc >/dev/null; then nc -z -w 3 "$1" "$2" && exit 0; exit 1; fi; exit 127'
+)
+
+
+async def _connects(
+    sandbox: EnvironmentSession, env: BaseEnvironment, host: str, port: int
+) -> bool | None:
+    """True if a TCP connection got through, False if refused, None if none could be tried.
+
+    On `local` the sandbox is this host: dial with this very interpreter, so the demo does
+    not depend on tools the host may lack.
+    """
+    if env.id == "local":
+        argv = [sys.executable, "-c", _DIAL, host, str(port)]
+    else:
+        argv = ["sh", "-c", _DIAL_ANY, _DIAL, host, str(port)]
+    result = await sandbox.exec(argv, timeout=20)
+    if result.returncode in (0, 1):
+        return result.returncode == 0
+    return None
