@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from corral import EnvironmentSession
 from corral.testing.plugin import EgressTarget
 
 # Unique per test process, so that concurrent runs on one host never share a target.
@@ -102,3 +103,14 @@ def tcp_targets(compose_targets: None) -> list[EgressTarget]:
 def udp_targets(compose_targets: None) -> list[EgressTarget]:
     """UDP echo servers (reply `echo:<data>`), on the same two addresses."""
     return [EgressTarget(ALLOWED_IP, UDP_PORT), EgressTarget(DENIED_IP, UDP_PORT)]
+
+
+# Bits of /proc/<pid>/status CapEff (linux/capability.h) that the tests look for.
+_CAPABILITY_BITS = {12: "NET_ADMIN", 13: "NET_RAW", 19: "SYS_PTRACE"}
+
+
+async def effective_capabilities(sandbox: EnvironmentSession) -> frozenset[str]:
+    """Which of the capabilities the tests look for a process in `sandbox` holds."""
+    status = await sandbox.exec(["grep", "CapEff", "/proc/self/status"])
+    bits = int(status.stdout.split()[1], 16)
+    return frozenset(name for bit, name in _CAPABILITY_BITS.items() if bits & (1 << bit))

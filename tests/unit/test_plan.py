@@ -3,10 +3,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
 from corral import ConfigError, ExecutionPlan, Resources
 from corral.core.plan import FallbackImageRecipe, RecipeRegistry
+from corral.core.redact import MASK, plain_env, redact, secret_values
 
 
 @pytest.mark.parametrize(
@@ -68,6 +69,102 @@ def test_secrets_never_in_repr_or_persisted_plan() -> None:
     assert "hunter2" not in repr(plan)
     assert "hunter2" not in json.dumps(plan.persisted())
     assert plan.persisted()["env"]["PLAIN"] == "visible"
+
+
+KEY = "sk-proj-4f9c2e7a1b"
+
+CREDENTIAL_NAMES = [
+    "OPENAI_API_KEY",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "GITHUB_TOKEN",
+    "PGPASSWORD",
+    "REDIS_PASSWD",
+    "DB_PASS",
+    "MYSQL_PWD",
+    "SENTRY_DSN",
+    "NPM_AUTH",
+    "HTTP_COOKIE",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "SSH_PRIVATE_KEY_FILE",
+    "apiKey",
+    "my-secret",
+    "Authorization",
+]
+
+
+def _every_view(plan: ExecutionPlan) -> dict[str, str]:
+    return {
+        "repr": repr(plan),
+        "str": str(plan),
+        "persisted": json.dumps(plan.persisted()),
+        "json": plan.model_dump_json(),
+        "dump": repr(plan.model_dump()),
+        "env repr": repr(plan.env),
+    }
+
+
+@pytest.mark.parametrize("name", CREDENTIAL_NAMES)
+def test_env_values_of_credential_names_are_masked_everywhere(name: str) -> None:
+    plan = ExecutionPlan(image="x", env={name: KEY, "LANG": "C.UTF-8"})
+    shown = {view: text for view, text in _every_view(plan).items() if KEY in text}
+    assert shown == {}, f"{name}'s value shows in {sorted(shown)}"
+    assert isinstance(plan.env[name], SecretStr)
+    assert plain_env(plan.env) == {name: KEY, "LANG": "C.UTF-8"}, "the sandbox gets the value"
+    assert plan.persisted()["env"]["LANG"] == "C.UTF-8"
+
+
+@pytest.mark.parametrize("name", ["HOME", "PATH", "LANG", "GIT_AUTHOR_NAME", "PYTHONPATH"])
+def test_other_env_values_stay_plain(name: str) -> None:
+    plan = ExecutionPlan(env={name: "v"})
+    assert plan.env[name] == "v"
+    assert f"'{name}': 'v'" in repr(plan)
+
+
+def test_public_env_names_turn_the_mask_off_per_name() -> None:
+    plan = ExecutionPlan(
+        env={"SSH_KEY_PATH": "/keys/id", "OPENAI_API_KEY": KEY},
+        public_env_names=frozenset({"SSH_KEY_PATH"}),
+    )
+    assert plan.env["SSH_KEY_PATH"] == "/keys/id"
+    assert "/keys/id" in repr(plan)
+    assert isinstance(plan.env["OPENAI_API_KEY"], SecretStr)
+    # An explicit SecretStr stays one, public or not.
+    explicit = ExecutionPlan(
+        env={"A_TOKEN": SecretStr(KEY)}, public_env_names=frozenset({"A_TOKEN"})
+    )
+    assert KEY not in repr(explicit)
+
+
+def test_derived_plans_are_masked_too() -> None:
+    plan = ExecutionPlan(image="x").model_copy(update={"env": {"HF_TOKEN": KEY}})
+    assert KEY not in repr(plan)
+    assert KEY not in plan.resolved().model_dump_json()
+    assert secret_values(plan.env) == [KEY]
+
+
+def test_error_text_is_redacted_and_validation_errors_show_no_env() -> None:
+    plan = ExecutionPlan(env={"OPENAI_API_KEY": KEY, "USER": "corral"})
+    assert redact(f"401 for key {KEY} as corral", secret_values(plan.env)) == (
+        f"401 for key {MASK} as corral"
+    )
+    for bad in ({"A=B": "x", "OPENAI_API_KEY": KEY}, {"OPENAI_API_KEY": [KEY]}):
+        with pytest.raises(ValueError) as info:
+            ExecutionPlan.model_validate({"env": bad})
+        assert KEY not in str(info.value)
+    with pytest.raises(ValueError, match="workdir") as info:
+        ExecutionPlan.model_validate({"env": {"OPENAI_API_KEY": KEY}, "workdir": "rel"})
+    assert KEY not in str(info.value)
+
+
+class _HoldsAPlan(BaseModel):
+    plan: ExecutionPlan
+
+
+def test_models_holding_a_plan_show_no_env_value_in_errors() -> None:
+    with pytest.raises(ValueError, match="A=B") as info:
+        _HoldsAPlan.model_validate({"plan": {"env": {"A=B": "x", "OPENAI_API_KEY": KEY}}})
+    assert KEY not in str(info.value)
 
 
 def test_recipes_write_fallback_only_and_never_twice() -> None:

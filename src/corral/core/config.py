@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple, get_args
+from typing import Any, ClassVar, NamedTuple, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic.fields import FieldInfo
@@ -40,6 +40,20 @@ class RuntimeEnvironmentConfig(BaseModel):
             if len(given) > 1:
                 raise ValueError(f"config fields {', '.join(given)} are mutually exclusive")
         return self
+
+    def opt_ins(self) -> dict[str, str]:
+        """Settings in force that weaken the sandbox's boundary, by field name.
+
+        Every field named `unsafe_*` that is set; `open()` logs them at warning level each
+        time, so that a weakened sandbox never goes unnoticed.
+        """
+        found: dict[str, str] = {}
+        for name in type(self).model_fields:
+            value: object = getattr(self, name)
+            if name.startswith("unsafe_") and value:
+                items = cast("tuple[object, ...]", value) if isinstance(value, tuple) else (value,)
+                found[name] = ",".join(map(str, items))
+        return found
 
 
 class FieldDoc(NamedTuple):

@@ -99,6 +99,9 @@ class BaseEnvironment(abc.ABC):
 
     async def open(self, plan: ExecutionPlan) -> EnvironmentSession:
         plan = self.prepare(plan)
+        opt_ins = self.config.opt_ins()
+        if opt_ins:
+            event(log, "warning", "unsafe configuration in force", provider=self.id, **opt_ins)
         started = anyio.current_time()
         owned = AsyncExitStack()
         try:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Literal, Protocol, runtime_checkable
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any, Literal, Protocol, Self, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from corral.core.redact import masked_env
 from corral.errors import ConfigError
 from corral.network.policy import NetworkSchedule
 
@@ -50,9 +51,15 @@ class Timeouts(BaseModel):
 
 
 class ExecutionPlan(BaseModel):
-    """Everything a provider needs to open one sandbox. Derive with `model_copy(update=...)`."""
+    """Everything a provider needs to open one sandbox. Derive with `model_copy(update=...)`.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Env values whose names look like credentials (`*KEY*`, `*TOKEN*`, `*SECRET*`,
+    `*PASSWORD*`, `AUTH`, `DSN`, ...) are kept as `SecretStr`, so reprs, logs, persisted
+    plans and validation errors never show them; `public_env_names` exempts a name.
+    """
+
+    # Inputs stay out of validation errors: a bad field would otherwise print the env.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     image: str | None = None
     native: dict[str, Any] | None = Field(
@@ -63,7 +70,16 @@ class ExecutionPlan(BaseModel):
     resources: Resources = Resources()
     task_resources: Resources = Resources()
     workdir: str | None = None
-    env: dict[str, str | SecretStr] = {}
+    env: dict[str, str | SecretStr] = Field(
+        default={},
+        description="environment of the sandbox's processes; values may be SecretStr, and "
+        "are made one where the name looks like a credential",
+    )
+    public_env_names: frozenset[str] = Field(
+        default=frozenset(),
+        description="env names that look like credentials but hold no secret: their values "
+        "are shown in reprs, logs and persisted plans",
+    )
     command: list[str] | None = None
     timeouts: Timeouts = Timeouts()
     network: NetworkSchedule = NetworkSchedule()
@@ -87,12 +103,35 @@ class ExecutionPlan(BaseModel):
                 raise ValueError(f"environment variable name {name!r} is not valid")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _mask_env_first(cls, data: Any) -> Any:
+        # Before any field is checked: an error, here or in a model holding a plan, shows
+        # its input, and that input must already be masked.
+        if not isinstance(data, Mapping):
+            return data
+        fields: Mapping[str, Any] = data  # pyright: ignore[reportUnknownVariableType]
+        env: Any = fields.get("env")
+        public: Any = fields.get("public_env_names", ())
+        if not isinstance(env, Mapping) or not isinstance(public, Collection):
+            return fields
+        masked: dict[str, Any] = masked_env(env, public)  # pyright: ignore[reportUnknownArgumentType]
+        return {**fields, "env": masked}
+
+    def _mask_env(self) -> Self:
+        object.__setattr__(self, "env", masked_env(self.env, self.public_env_names))
+        return self
+
     @field_validator("workdir")
     @classmethod
     def _workdir(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("/"):
             raise ValueError(f"workdir {value!r} must be an absolute path")
         return value
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with `update` applied; env values are masked as at validation."""
+        return super().model_copy(update=update, deep=deep)._mask_env()
 
     def image_source(self) -> ImageSource | None:
         """Which field wins: native > image > task_image > fallback_image."""

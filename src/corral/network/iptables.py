@@ -7,12 +7,18 @@ Egress is filtered statelessly by destination: a connection opened under an old 
 does not survive a switch to a stricter one. The only conntrack exception is the reply
 direction of connections that came *in* (a server behind `endpoint(port)`), which never
 lets the sandbox originate anything.
+
+Addresses enter the text only through `rule_text`, rebuilt from their integers: nothing a
+policy or the sandbox wrote (a zone id, a newline) can become a rule line.
 """
 
 from __future__ import annotations
 
+import ipaddress
+
 from pydantic import BaseModel, ConfigDict
 
+from corral.network.addresses import rule_text
 from corral.network.policy import NetworkMode, NetworkPolicy
 from corral.network.resolve import AddressRule, Resolution, address_rules, needs_dns
 
@@ -49,7 +55,7 @@ def _render_family(
     for server in resolved.dns_servers:
         if server.version != family:
             continue
-        dest = f"-d {server}/{server.max_prefixlen}"
+        dest = f"-d {rule_text(ipaddress.ip_network(server))}"
         if not dns_open:
             body += [f"{dest} {r}" for r in reject]
         elif server.is_loopback:
@@ -96,14 +102,14 @@ def _family(rules: list[AddressRule], family: int) -> list[AddressRule]:
 
 
 def _match(rule: AddressRule, action: str) -> list[str]:
-    dest = f"-d {rule.network}"
+    dest = f"-d {rule_text(rule.network)}"
     if rule.port is None:
         return [f"{dest} {action}"]
     return [f"{dest} -p {proto} --dport {rule.port} {action}" for proto in ("tcp", "udp")]
 
 
 def _deny(rule: AddressRule, reject_icmp: str) -> list[str]:
-    dest = f"-d {rule.network}"
+    dest = f"-d {rule_text(rule.network)}"
     port = "" if rule.port is None else f" --dport {rule.port}"
     other = f"{dest} -p udp{port}" if rule.port is not None else dest
     return [

@@ -6,6 +6,7 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
+from corral.network.addresses import rule_text
 from corral.network.policy import NetworkMode, NetworkPolicy
 from corral.network.resolve import AddressRule, Resolution, address_rules, needs_dns
 
@@ -23,7 +24,8 @@ def render_network_policy(
     """A `networking.k8s.io/v1` NetworkPolicy selecting the sandbox Pod by `selector`.
 
     Every mode, `public` included, is an Egress policy, so that switching is a patch of
-    one object and never a create or delete.
+    one object and never a create or delete. Every CIDR is written by `rule_text`, so
+    nothing but an address block reaches the manifest from the policy.
     """
     rules = address_rules(policy, resolved)
     mode = policy.network_mode
@@ -57,7 +59,7 @@ def _ports(port: int | None) -> list[dict[str, Any]]:
 
 
 def _allow(rule: AddressRule) -> dict[str, Any]:
-    entry: dict[str, Any] = {"to": [{"ipBlock": {"cidr": str(rule.network)}}]}
+    entry: dict[str, Any] = {"to": [{"ipBlock": {"cidr": rule_text(rule.network)}}]}
     if rule.port is not None:
         entry["ports"] = _ports(rule.port)
     return entry
@@ -66,7 +68,7 @@ def _allow(rule: AddressRule) -> dict[str, Any]:
 def _dns(resolved: Resolution) -> dict[str, Any]:
     servers = [ipaddress.ip_network(s) for s in resolved.dns_servers]
     return {
-        "to": [{"ipBlock": {"cidr": str(s)}} for s in servers],
+        "to": [{"ipBlock": {"cidr": rule_text(s)}} for s in servers],
         "ports": [{"protocol": proto, "port": 53} for proto in ("UDP", "TCP")],
     }
 
@@ -79,11 +81,12 @@ def _denylist(rules: list[AddressRule]) -> list[dict[str, Any]]:
     for family, everything in _ALL.items():
         # A host denied on one port is excepted here too and gets its other ports back below.
         excepted = sorted(
-            {str(r.network) for r in rules if r.network.version == family} - {str(everything)}
+            {rule_text(r.network) for r in rules if r.network.version == family}
+            - {rule_text(everything)}
         )
         if any(n == everything for n in whole):
             continue
-        block: dict[str, Any] = {"cidr": str(everything)}
+        block: dict[str, Any] = {"cidr": rule_text(everything)}
         if excepted:
             block["except"] = excepted
         blocks.append({"ipBlock": block})
@@ -99,7 +102,7 @@ def _denylist(rules: list[AddressRule]) -> list[dict[str, Any]]:
             for lo, hi in ranges
             if lo <= hi
         ]
-        egress.append({"to": [{"ipBlock": {"cidr": str(rule.network)}}], "ports": ports})
+        egress.append({"to": [{"ipBlock": {"cidr": rule_text(rule.network)}}], "ports": ports})
     return egress
 
 

@@ -6,11 +6,12 @@ import ipaddress
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from corral.errors import NetworkPolicyUnsupported
+from corral.network.addresses import IPAddress, IPNetwork, canonical_address
 from corral.network.policy import NetworkMode, NetworkPolicy
-from corral.network.targets import EntryType, IPAddress, IPNetwork
+from corral.network.targets import EntryType
 
 Resolver = Callable[[str], Awaitable[Sequence[IPAddress]]]
 
@@ -46,7 +47,11 @@ def parse_getent(output: str) -> dict[str, list[IPAddress]]:
 
 
 class Resolution(BaseModel):
-    """Addresses of a policy's hostnames, as the sandbox resolved them, and its resolvers."""
+    """Addresses of a policy's hostnames, as the sandbox resolved them, and its resolvers.
+
+    The sandbox answers these, so each address is folded to what the kernel will see (no
+    zone id; v4-mapped as IPv4).
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -54,6 +59,22 @@ class Resolution(BaseModel):
     dns_servers: tuple[IPAddress, ...] = ()
     #: seconds until the first of those answers expires (None: no hostname was resolved)
     ttl_s: float | None = None
+
+    @field_validator("addresses", mode="after")
+    @classmethod
+    def _canonical_addresses(
+        cls, value: dict[str, tuple[IPAddress, ...]]
+    ) -> dict[str, tuple[IPAddress, ...]]:
+        return {host: _canonical(found) for host, found in value.items()}
+
+    @field_validator("dns_servers", mode="after")
+    @classmethod
+    def _canonical_servers(cls, value: tuple[IPAddress, ...]) -> tuple[IPAddress, ...]:
+        return _canonical(value)
+
+
+def _canonical(addresses: tuple[IPAddress, ...]) -> tuple[IPAddress, ...]:
+    return tuple(dict.fromkeys(canonical_address(a) for a in addresses))
 
 
 class AddressRule(NamedTuple):

@@ -10,8 +10,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_serializer, model_validator
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+from corral.network.addresses import (
+    NUMERIC_LABEL,
+    IPAddress,
+    IPNetwork,
+    canonical_address,
+    canonical_network,
+    inet_aton,
+)
+
+__all__ = ["EntryType", "IPAddress", "IPNetwork", "NetworkTarget", "normalize_host"]
 
 _LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
@@ -121,15 +129,20 @@ def _check_port(port: object, host: str) -> int | None:
 
 
 def normalize_host(raw: str) -> tuple[str, EntryType]:
-    """Normalize a host entry and classify it; raises ValueError naming the entry."""
+    """Normalize a host entry and classify it; raises ValueError naming the entry.
+
+    Addresses come out as the kernel will see them: a v4-mapped address or block is IPv4.
+    """
     text = raw.strip()
     if not text or text != raw:
         raise ValueError(f"network target host {raw!r} must not be empty or padded")
     if "://" in text:
         raise ValueError(f"network target {raw!r} is a URL; give a host or host:port")
+    if "%" in text:
+        raise ValueError(f"network target {raw!r}: zone ids ('%...') are not supported")
     if "/" in text:
         try:
-            net = ipaddress.ip_network(text, strict=True)
+            net = canonical_network(ipaddress.ip_network(text, strict=True))
         except ValueError as exc:
             raise ValueError(
                 f"network target {raw!r} is not a canonical CIDR (paths and URLs are not "
@@ -138,7 +151,7 @@ def normalize_host(raw: str) -> tuple[str, EntryType]:
         kind = EntryType.IPV4_CIDR if net.version == 4 else EntryType.IPV6_CIDR
         return str(net), kind
     try:
-        addr = ipaddress.ip_address(text)
+        addr = canonical_address(ipaddress.ip_address(text))
     except ValueError:
         pass
     else:
@@ -164,7 +177,14 @@ def _normalize_hostname(raw: str, text: str) -> tuple[str, EntryType]:
             f"network target {raw!r} is not a valid hostname "
             "(labels of letters, digits and '-', none empty)"
         )
-    if all(label.isdigit() for label in labels):
+    if all(NUMERIC_LABEL.fullmatch(label) for label in labels):
+        # The C resolver would not look such a name up: it reads it as a number, or fails.
+        read_as = inet_aton(ascii_name)
+        if read_as is not None:
+            raise ValueError(
+                f"network target {raw!r} is read as the IPv4 address {read_as} by the C "
+                f"library (inet_aton); write {str(read_as)!r}"
+            )
         raise ValueError(f"network target {raw!r} is not a valid IP address or hostname")
     if wildcard:
         if len(labels) < 2:

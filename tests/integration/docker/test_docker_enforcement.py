@@ -231,3 +231,22 @@ async def test_ipv6_is_covered_by_the_same_rule(
             )
             seen.append(result.returncode == 0)
     assert tuple(seen) == expected, text
+
+
+async def test_denied_v4_mapped_address_blocks_its_ipv4_target(
+    docker_env: DockerEnvironment, tcp_targets: list[EgressTarget]
+) -> None:
+    """`::ffff:a.b.c.d` is where an IPv6 socket sends IPv4 traffic: IPv4 rules must deny it."""
+    allowed, denied = tcp_targets
+    mapped = (
+        "import socket,sys\n"
+        "s=socket.socket(socket.AF_INET6);s.settimeout(3)\n"
+        f"sys.exit(s.connect_ex(('::ffff:{denied.host}',{denied.port})))\n"
+    )
+    async with docker_env.session(plan(f"denylist:::ffff:{denied.host}")) as sandbox:
+        seen = (
+            await tcp(sandbox, allowed),
+            await tcp(sandbox, denied),
+            (await sandbox.exec(["python3", "-c", mapped])).returncode == 0,
+        )
+    assert seen == (True, False, False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +12,7 @@ import anyio
 import pytest
 
 from corral import (
+    ENVIRONMENTS,
     ConfigError,
     ExecutionPlan,
     NetworkPolicyNotEnforced,
@@ -20,6 +22,7 @@ from corral import (
 )
 from corral.core.labels import OWNER
 from corral.providers.docker import DockerConfig, DockerEnvironment
+from tests.integration.conftest import effective_capabilities
 from tests.integration.docker.conftest import HOLDER_IMAGE, TEST_IMAGE, make_env
 
 pytestmark = pytest.mark.anyio
@@ -70,6 +73,29 @@ def test_bad_config_names_the_value() -> None:
     with pytest.raises(ValueError, match="/a/b/c"):
         DockerConfig(mounts=("/a/b/c",))
     assert "hunter2" not in repr(DockerConfig(registry_password="hunter2"))  # type: ignore[arg-type]
+
+
+async def test_unsafe_config_is_refused_or_opted_into_and_logged(
+    engine: Any, owner: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    refused = [
+        {"mounts": ("/var/run/docker.sock:/var/run/docker.sock",)},
+        {"mounts": ("/:/host",)},
+        {"capabilities": ("SYS_MODULE",)},
+        {"unsafe_capabilities": ("NET_ADMIN",)},
+    ]
+    for params in refused:
+        with pytest.raises(ValueError, match=re.escape(next(iter(params.values()))[0])):
+            ENVIRONMENTS.create("docker", owner=owner, **params)
+    assert leftovers(engine, owner) == []
+    env = make_env(owner, unsafe_capabilities=("SYS_PTRACE",))
+    with caplog.at_level("WARNING", logger="corral.environment"):
+        async with env.session(ExecutionPlan(image=TEST_IMAGE)) as sandbox:
+            granted = await effective_capabilities(sandbox)
+    assert "unsafe configuration in force provider=docker unsafe_capabilities=SYS_PTRACE" in (
+        caplog.text
+    )
+    assert granted == {"SYS_PTRACE"}, "the opt-in is granted, never NET_ADMIN or NET_RAW"
 
 
 async def test_unenforceable_policy_is_refused_before_anything_exists(

@@ -23,7 +23,7 @@ from corral import (
 )
 from corral.providers.k8s import KubernetesEnvironment
 from corral.testing.plugin import EgressTarget
-from tests.integration.conftest import ALLOWED_IP, unavailable
+from tests.integration.conftest import ALLOWED_IP, effective_capabilities, unavailable
 from tests.integration.k8s.conftest import TEST_IMAGE, make_env
 
 pytestmark = pytest.mark.anyio
@@ -178,6 +178,30 @@ async def test_missing_namespace_and_unreachable_server() -> None:
     with pytest.raises(ProviderError, match="/nonexistent/kubeconfig"):
         await bad.open(plan("public"))
     assert time.monotonic() - started < 10
+
+
+async def test_unsafe_config_is_refused_or_opted_into_and_logged(
+    cluster: Any, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    refused = {
+        "privileged": {"security_context": {"privileged": True}},
+        "spc_t": {"security_context": {"seLinuxOptions": {"type": "spc_t"}}},
+        "SYS_MODULE": {"security_context": {"capabilities": {"add": ["SYS_MODULE"]}}},
+        "NET_RAW": {"unsafe_capabilities": ["NET_RAW"]},
+    }
+    for named, params in refused.items():
+        with pytest.raises(ValueError, match=named):
+            make_env(namespace, owner="unsafe", **params)
+    assert objects(cluster, namespace, "unsafe") == []
+    env = make_env(namespace, owner="unsafe", unsafe_capabilities=["SYS_PTRACE"])
+    with caplog.at_level("WARNING", logger="corral.environment"):
+        async with env.session(plan("public")) as sandbox:
+            granted = await effective_capabilities(sandbox)
+    assert "unsafe configuration in force provider=k8s unsafe_capabilities=SYS_PTRACE" in (
+        caplog.text
+    )
+    assert granted == {"SYS_PTRACE"}, "the opt-in is granted, never NET_ADMIN or NET_RAW"
+    assert objects(cluster, namespace, "unsafe") == []
 
 
 @pytest.fixture

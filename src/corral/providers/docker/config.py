@@ -9,25 +9,8 @@ from pydantic import Field, SecretStr, field_validator
 
 from corral.core.config import RuntimeEnvironmentConfig
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
-
-FORBIDDEN_CAPS = frozenset({"NET_ADMIN", "NET_RAW", "ALL", "SYS_ADMIN"})
-
-#: Docker's default set minus NET_RAW: what ordinary workloads (apt, useradd, su) need.
-DEFAULT_CAPS = (
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "FSETID",
-    "KILL",
-    "SETGID",
-    "SETUID",
-    "SETPCAP",
-    "NET_BIND_SERVICE",
-    "SYS_CHROOT",
-    "MKNOD",
-    "AUDIT_WRITE",
-    "SETFCAP",
-)
+from corral.core.privileges import SAFE_CAPABILITIES, SafeCapabilities, UnsafeCapabilities
+from corral.providers.docker.mounts import hazard, parse_mount
 
 
 class DockerConfig(RuntimeEnvironmentConfig):
@@ -69,9 +52,16 @@ class DockerConfig(RuntimeEnvironmentConfig):
     )
     runtime: str | None = Field(default=None, description="OCI runtime, e.g. runsc (gVisor)")
     user: str | None = Field(default=None, description="user the workload runs as (uid[:gid])")
-    capabilities: tuple[str, ...] = Field(
-        default=DEFAULT_CAPS,
-        description="capabilities the sandbox keeps after dropping ALL (never NET_ADMIN/NET_RAW)",
+    capabilities: SafeCapabilities = Field(
+        default=SAFE_CAPABILITIES,
+        description="capabilities the sandbox keeps after dropping ALL, from Docker's default "
+        "set minus NET_RAW",
+    )
+    unsafe_capabilities: UnsafeCapabilities = Field(
+        default=(),
+        description="capabilities outside that set granted anyway (e.g. SYS_PTRACE), each "
+        "weakening the sandbox's isolation from the host; logged at every open. NET_ADMIN, "
+        "NET_RAW, SYS_ADMIN and ALL are never granted",
     )
     pids_limit: int = Field(default=4096, ge=16, description="max processes in the sandbox")
     default_cpu: float | None = Field(
@@ -80,7 +70,18 @@ class DockerConfig(RuntimeEnvironmentConfig):
     default_memory_mb: int | None = Field(
         default=None, gt=0, description="memory limit in MiB when the plan sets none"
     )
-    mounts: tuple[str, ...] = Field(default=(), description="bind mounts as host:container[:ro]")
+    mounts: tuple[str, ...] = Field(
+        default=(),
+        description="bind mounts as host:container[:ro|rw]; host paths that expose the host "
+        "(/, /proc, /sys, /dev, /etc, /boot, /root, /run, /var/run, /var/lib/docker, "
+        "/var/lib/containerd, /var/lib/kubelet, any socket, or a parent of these) are "
+        "refused, and /usr, /bin, /sbin and /lib* are bound only with :ro",
+    )
+    unsafe_mounts: tuple[str, ...] = Field(
+        default=(),
+        description="bind mounts (host:container[:ro|rw]) granted although they expose the "
+        "host, such as the engine's socket; logged at every open",
+    )
     extra_hosts: dict[str, str] = Field(
         default_factory=dict[str, str],
         description="hostname -> address entries for /etc/hosts ('host-gateway' allowed)",
@@ -110,18 +111,6 @@ class DockerConfig(RuntimeEnvironmentConfig):
         "`corral gc` removes idle pooled sandboxes older than this",
     )
 
-    @field_validator("capabilities")
-    @classmethod
-    def _safe_caps(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        normalized = tuple(c.upper().removeprefix("CAP_") for c in value)
-        bad = sorted(set(normalized) & FORBIDDEN_CAPS)
-        if bad:
-            raise ValueError(
-                f"capabilities {', '.join(bad)} would let the sandbox change or bypass its "
-                "network rules; they are never granted"
-            )
-        return normalized
-
     @field_validator("address_pool")
     @classmethod
     def _pool(cls, value: str) -> str:
@@ -150,11 +139,18 @@ class DockerConfig(RuntimeEnvironmentConfig):
     @classmethod
     def _mounts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for mount in value:
-            parts = mount.split(":")
-            if (
-                len(parts) not in (2, 3)
-                or not all(parts[:2])
-                or (len(parts) == 3 and parts[2] not in ("ro", "rw"))
-            ):
-                raise ValueError(f"mount {mount!r} must be host:container or host:container:ro")
+            reason = hazard(parse_mount(mount))
+            if reason is not None:
+                raise ValueError(
+                    f"mount {mount!r} would give the sandbox the host ({reason}); to bind it "
+                    "anyway, move it to unsafe_mounts"
+                )
+        return value
+
+    @field_validator("unsafe_mounts")
+    @classmethod
+    def _unsafe_mounts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for mount in value:
+            if hazard(parse_mount(mount)) is None:
+                raise ValueError(f"mount {mount!r} is safe; list it in mounts, not unsafe_mounts")
         return value

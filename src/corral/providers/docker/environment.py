@@ -289,7 +289,7 @@ class DockerEnvironment(BaseEnvironment):
         sandbox_config = client.api.create_host_config(
             network_mode=f"container:{holder_id}",
             cap_drop=["ALL"],
-            cap_add=list(cfg.capabilities) or None,
+            cap_add=[*cfg.capabilities, *cfg.unsafe_capabilities] or None,
             security_opt=["no-new-privileges"],
             init=True,
             pids_limit=cfg.pids_limit,
@@ -299,7 +299,7 @@ class DockerEnvironment(BaseEnvironment):
             if resources.gpus
             else None,
             storage_opt={"size": f"{resources.disk_mb}M"} if resources.disk_mb else None,
-            binds=list(cfg.mounts) or None,
+            binds=[*cfg.mounts, *cfg.unsafe_mounts] or None,
             runtime=cfg.runtime,
         )
         try:

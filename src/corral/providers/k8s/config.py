@@ -9,9 +9,17 @@ from pydantic import Field, field_validator
 
 from corral.core.config import RuntimeEnvironmentConfig
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
+from corral.core.privileges import UnsafeCapabilities
+from corral.providers.k8s.security import SecurityContext
 
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# Older clusters read seccomp and AppArmor settings from these (`...: unconfined`).
+_CONFINEMENT_ANNOTATIONS = (
+    "seccomp.security.alpha.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+    "container.apparmor.security.beta.kubernetes.io/",
+)
 
 
 class KubernetesConfig(RuntimeEnvironmentConfig):
@@ -31,7 +39,13 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
         default=False, description="create the namespace when it does not exist"
     )
     service_account: str | None = Field(
-        default=None, description="service account of sandbox Pods (default: none mounted)"
+        default=None, description="service account of sandbox Pods (its token is not mounted)"
+    )
+    unsafe_service_account_token: bool = Field(
+        default=False,
+        description="mount the service account's API token into the sandbox, which hands "
+        "the workload that account's rights (a NetworkPolicy it may patch is no boundary); "
+        "logged at every open",
     )
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
         default="IfNotPresent", description="imagePullPolicy of the sandbox container"
@@ -55,20 +69,26 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
     memory_request: str | None = Field(default=None, description="memory request (e.g. 256Mi)")
     memory_limit: str | None = Field(default=None, description="memory limit (e.g. 1Gi)")
     run_as_user: int | None = Field(default=None, ge=0, description="uid of the workload")
-    security_context: dict[str, Any] = Field(
-        default_factory=lambda: {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {
-                "drop": ["ALL"],
-                "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL"],
-            },
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        description="container securityContext (default: drop ALL, no escalation, "
-        "seccomp RuntimeDefault)",
+    security_context: SecurityContext = Field(
+        default_factory=SecurityContext,
+        description="container securityContext in the Pod spec's words, from an allowlist: "
+        "runAsUser, runAsGroup, runAsNonRoot, readOnlyRootFilesystem, "
+        "allowPrivilegeEscalation (false only), capabilities (drop must hold ALL; add from "
+        "the safe set), seccompProfile and appArmorProfile (RuntimeDefault or Localhost), "
+        "seLinuxOptions (type container_t or container_init_t), procMount (Default). "
+        "Default: drop ALL, add CHOWN DAC_OVERRIDE FOWNER SETUID SETGID KILL, seccomp "
+        "RuntimeDefault",
+    )
+    unsafe_capabilities: UnsafeCapabilities = Field(
+        default=(),
+        description="capabilities outside the safe set added anyway (e.g. SYS_PTRACE), each "
+        "weakening the sandbox's isolation from the node; logged at every open. NET_ADMIN, "
+        "NET_RAW, SYS_ADMIN and ALL are never granted",
     )
     annotations: dict[str, str] = Field(
-        default_factory=dict[str, str], description="annotations on every object"
+        default_factory=dict[str, str],
+        description="annotations on every object (not the seccomp or AppArmor ones: "
+        "security_context sets those)",
     )
     verify_policy: Literal["probe", "off"] = Field(
         default="probe",
@@ -88,6 +108,22 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
         default=DEFAULT_OUTPUT_LIMIT, ge=1024, description="bytes of stdout/stderr kept per exec"
     )
     max_workers: int = Field(default=64, ge=1, description="worker threads for blocking API calls")
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotations(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if key.startswith(_CONFINEMENT_ANNOTATIONS):
+                raise ValueError(
+                    f"annotation {key!r} sets the sandbox's confinement; use security_context"
+                )
+        return value
+
+    def opt_ins(self) -> dict[str, str]:
+        found = super().opt_ins()
+        if self.verify_policy == "off":
+            found["verify_policy"] = "off"
+        return found
 
     @field_validator("namespace")
     @classmethod

@@ -63,7 +63,7 @@ def manifest(
     labels: dict[str, str],
 ) -> dict[str, Any]:
     command = ["sh", "-c", _GATE, "sh", *(plan.command or ["sh", "-c", _IDLE])]
-    security = dict(cfg.security_context)
+    security = cfg.security_context.manifest(cfg.unsafe_capabilities)
     if cfg.run_as_user is not None:
         security["runAsUser"] = cfg.run_as_user
     container: dict[str, Any] = {
@@ -82,7 +82,7 @@ def manifest(
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 1,
         "enableServiceLinks": False,
-        "automountServiceAccountToken": cfg.service_account is not None,
+        "automountServiceAccountToken": cfg.unsafe_service_account_token,
         "nodeSelector": {**cfg.node_selector, **(plan.resources.placement or {})} or None,
         "tolerations": list(cfg.tolerations) or None,
         "affinity": cfg.affinity,
