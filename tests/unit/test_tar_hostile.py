@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from corral.core.tarsafe import extract_file, extract_tar
 from corral.errors import UnsafeArchiveMember
-from tests.archives import (
+from tests.hostile import (
     CHAIN,
     DIR,
     FILE,
@@ -22,18 +22,9 @@ from tests.archives import (
     crafted_tar,
     escaping_links,
     hardlink_chain,
+    host_tree,
     snapshot,
 )
-
-
-def _host(tmp: Path) -> Path:
-    """tmp/outside (a victim file, a dir), tmp/box/sentinel, and tmp/box/dest to fill."""
-    (tmp / "outside" / "dir").mkdir(parents=True)
-    (tmp / "outside" / "victim").write_text("host file")
-    (tmp / "box").mkdir()
-    (tmp / "box" / "sentinel").write_text("beside the destination")
-    (tmp / "box" / "lnk").symlink_to("../outside")
-    return tmp / "box" / "dest"
 
 
 def _extract(members: list[Member], dest: Path) -> None:
@@ -45,7 +36,7 @@ def _extract(members: list[Member], dest: Path) -> None:
     "members",
     [
         pytest.param(CHAIN, id="symlink-chain"),
-        pytest.param(hardlink_chain("../outside/victim"), id="hardlink-through-chain"),
+        pytest.param(hardlink_chain("outside/victim"), id="hardlink-through-chain"),
         # `d/..` is the root's parent when `d -> .`, though counting says the root.
         pytest.param(
             [("d", SYMLINK, ".", b""), ("sub", DIR, "", b""), ("sub/l", SYMLINK, "../d/..", b"")],
@@ -60,7 +51,7 @@ def _extract(members: list[Member], dest: Path) -> None:
     ],
 )
 def test_chains_of_links_are_refused(tmp_path: Path, members: list[Member]) -> None:
-    dest = _host(tmp_path)
+    dest = host_tree(tmp_path)
     before = snapshot(tmp_path, skip=dest)
     with pytest.raises(UnsafeArchiveMember, match="would land outside"):
         _extract(members, dest)
@@ -69,7 +60,7 @@ def test_chains_of_links_are_refused(tmp_path: Path, members: list[Member]) -> N
 
 
 def test_a_link_already_in_the_destination_is_replaced_not_followed(tmp_path: Path) -> None:
-    dest = _host(tmp_path)
+    dest = host_tree(tmp_path)
     dest.mkdir()
     (dest / "d").symlink_to(tmp_path / "outside" / "dir")
     (dest / "v").symlink_to(tmp_path / "outside" / "victim")
@@ -190,7 +181,7 @@ def test_no_archive_touches_anything_outside_the_destination(
 ) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         tmp = Path(scratch)
-        dest = _host(tmp)
+        dest = host_tree(tmp)
         before = snapshot(tmp, skip=dest)
         for members in (first, second):
             concrete = [

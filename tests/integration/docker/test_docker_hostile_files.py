@@ -11,9 +11,15 @@ from pathlib import Path
 import pytest
 
 from corral import ExecutionPlan
-from corral.core.session import EnvironmentSession
 from corral.errors import UnsafeArchiveMember
-from tests.archives import escaping_links, snapshot
+from tests.hostile import (
+    DOTDOT_AFTER_A_LINK,
+    escaping_links,
+    host_tree,
+    refused_download,
+    sh,
+    snapshot,
+)
 from tests.integration.docker.conftest import TEST_IMAGE, make_env
 
 pytestmark = pytest.mark.anyio
@@ -21,46 +27,26 @@ pytestmark = pytest.mark.anyio
 PLAN = ExecutionPlan(image=TEST_IMAGE, workdir="/tmp")
 
 
-def _host(tmp_path: Path) -> Path:
-    (tmp_path / "outside").mkdir()
-    (tmp_path / "outside" / "victim").write_text("host file")
-    (tmp_path / "box").mkdir()
-    (tmp_path / "box" / "sentinel").write_text("beside the destination")
-    return tmp_path / "box" / "dest"
-
-
-async def _sh(sandbox: EnvironmentSession, script: str) -> str:
-    result = await sandbox.exec(script)
-    assert result.returncode == 0, result
-    return result.stdout
-
-
 @pytest.mark.parametrize(
     "tree",
     [
         # `s -> .` makes s/s/x the directory's own x, then pointed two levels up.
         "ln -s . s && ln -s ../.. s/s/x && echo through > x/FILE",
-        # `d/..` climbs from where d leads (the directory itself), so l is its parent.
-        "ln -s . d && mkdir sub && ln -s ../d/.. sub/l",
+        DOTDOT_AFTER_A_LINK,
     ],
     ids=["symlink-chain", "dotdot-after-a-link"],
 )
 async def test_download_dir_refuses_chains_of_links(owner: str, tmp_path: Path, tree: str) -> None:
-    dest = _host(tmp_path)
-    before = snapshot(tmp_path, skip=dest)
     async with make_env(owner).session(PLAN) as sandbox:
-        await _sh(sandbox, f"mkdir -p /tmp/t/down && cd /tmp/t/down && {tree}")
-        with pytest.raises(UnsafeArchiveMember, match="would land outside"):
-            await sandbox.download_dir("/tmp/t/down", dest)
-    assert snapshot(tmp_path, skip=dest) == before
-    assert not dest.exists()
+        await sh(sandbox, f"mkdir -p /tmp/t/down && cd /tmp/t/down && {tree}")
+        await refused_download(sandbox, "/tmp/t/down", tmp_path)
 
 
 async def test_download_dir_lands_hard_links_inside(owner: str, tmp_path: Path) -> None:
-    dest = _host(tmp_path)
+    dest = host_tree(tmp_path)
     before = snapshot(tmp_path, skip=dest)
     async with make_env(owner).session(PLAN) as sandbox:
-        await _sh(
+        await sh(
             sandbox,
             "mkdir -p /tmp/t/down/s && cd /tmp/t/down && echo ok > ok.txt && ln ok.txt s/hl "
             "&& echo outer > /tmp/outer && ln /tmp/outer h2 && ln -s ../ok.txt s/up",
@@ -82,7 +68,7 @@ async def test_uploads_never_write_through_links_the_workload_made(
     (source / "corral-probe").write_text("upload")
     (tmp_path / "file").write_text("upload")
     async with make_env(owner).session(PLAN) as sandbox:
-        await _sh(
+        await sh(
             sandbox,
             "mkdir -p /tmp/dst && ln -s /etc /tmp/dst/sub && ln -s / /tmp/to-root "
             "&& ln -s /etc /tmp/to-etc && echo keep > /etc/victim && ln -s /etc/victim /tmp/f "
@@ -98,7 +84,7 @@ async def test_uploads_never_write_through_links_the_workload_made(
             await sandbox.write_text("/sbin/corral-probe", "upload")
         await sandbox.upload_dir(source, "/tmp/dst")
         await sandbox.upload(tmp_path / "file", "/tmp/f")
-        found = await _sh(
+        found = await sh(
             sandbox,
             "ls /corral-probe /etc/corral-probe /etc/new /etc/sub 2>/dev/null; "
             "cat /etc/victim; [ -L /tmp/dst/sub ] || cat /tmp/dst/sub/corral-probe; "
@@ -112,5 +98,5 @@ async def test_uploads_follow_the_images_own_links(owner: str, tmp_path: Path) -
     async with make_env(owner).session(PLAN) as sandbox:
         await sandbox.upload(tmp_path / "tool", "/bin/corral-tool")  # /bin -> usr/bin
         await sandbox.write_text("/lib/corral/new/note", "note")  # /lib -> usr/lib
-        found = await _sh(sandbox, "cat /usr/bin/corral-tool /usr/lib/corral/new/note")
+        found = await sh(sandbox, "cat /usr/bin/corral-tool /usr/lib/corral/new/note")
     assert found == "toolnote"

@@ -1,4 +1,5 @@
-"""Hostile tar archives, and snapshots that show whether extracting one touched the host."""
+"""Hostile archives and sandboxes, and snapshots that show whether a transfer touched
+anything on the host outside its destination."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import os
 import stat
 import tarfile
 from pathlib import Path
+
+import pytest
+
+from corral.core.session import EnvironmentSession
+from corral.errors import UnsafeArchiveMember
 
 FILE = tarfile.REGTYPE
 DIR = tarfile.DIRTYPE
@@ -26,9 +32,25 @@ CHAIN: list[Member] = [
 ]
 
 
+# Built in a sandbox directory: `d/..` climbs from where `d` leads (the directory itself),
+# so `sub/l` is the directory's parent, though counting `..` says the directory.
+DOTDOT_AFTER_A_LINK = "ln -s . d && mkdir sub && ln -s ../d/.. sub/l"
+
+
 def hardlink_chain(victim: str) -> list[Member]:
     """The chain, then a hard link to `victim` (a path under the chain's end) rewritten."""
     return [*CHAIN[:2], ("h", HARDLINK, f"x/{victim}", b""), ("h", FILE, "", b"overwritten")]
+
+
+def host_tree(tmp: Path) -> Path:
+    """tmp/outside (a victim file, a directory), tmp/box/sentinel, a link tmp/box/lnk to
+    tmp/outside; returns tmp/box/dest, the destination to extract into."""
+    (tmp / "outside" / "dir").mkdir(parents=True)
+    (tmp / "outside" / "victim").write_text("host file")
+    (tmp / "box").mkdir()
+    (tmp / "box" / "sentinel").write_text("beside the destination")
+    (tmp / "box" / "lnk").symlink_to("../outside")
+    return tmp / "box" / "dest"
 
 
 def crafted_tar(members: list[Member]) -> bytes:
@@ -85,3 +107,19 @@ def escaping_links(dest: Path) -> list[str]:
             if not Path(os.path.realpath(path)).is_relative_to(root):
                 found.append(str(path.relative_to(dest)))
     return found
+
+
+async def sh(sandbox: EnvironmentSession, script: str) -> str:
+    result = await sandbox.exec(script)
+    assert result.returncode == 0, result
+    return result.stdout
+
+
+async def refused_download(sandbox: EnvironmentSession, remote_dir: str, host: Path) -> None:
+    """download_dir of `remote_dir` into `host_tree(host)` is refused, changing nothing."""
+    dest = host_tree(host)
+    before = snapshot(host, skip=dest)
+    with pytest.raises(UnsafeArchiveMember, match="would land outside"):
+        await sandbox.download_dir(remote_dir, dest)
+    assert snapshot(host, skip=dest) == before
+    assert not dest.exists()
