@@ -1,24 +1,45 @@
 """Streamed tar packing and safe extraction, shared by every provider.
 
 Packing yields the archive in chunks (a large file is read 1 MiB at a time, never whole).
-Extraction lands the tree exactly at the requested root and refuses any member that
-would land outside it: absolute or `..` names, links pointing out, devices.
+
+Extraction treats the archive as hostile (on Kubernetes it is whatever the Pod's `tar`
+prints) and keeps one invariant: no member, link or chain of links creates, changes or
+links to anything outside the destination. It holds because
+- every member is created through directory descriptors opened with O_NOFOLLOW, so no
+  member's path (nor a hard link's target) passes through a symlink, whether the archive
+  made it earlier or it was already in the destination: such a member is refused;
+- a file is always a new inode (what was at its place is unlinked first), so no member
+  writes through an existing hard link; a hard link may only name a regular file this
+  archive extracted;
+- a symlink's target is `..` components, then names, with no more `..` than the link is
+  deep (`_link_fault`). Resolved from the link's directory, which is a real directory,
+  it climbs through real directories and then only descends, and descending through
+  other links of that form cannot leave the root either: chains of them stay inside,
+  and so do links that earlier downloads landed in the same destination.
+Members are staged beside the destination and merged in only when the whole archive
+passed, so a refused archive leaves the destination as it was; the merge replaces what
+is in its way, symlinks included, and never follows them.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import stat
 import tarfile
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, cast
+from typing import IO, BinaryIO, cast
 
 from corral.errors import UnsafeArchiveMember
 
 CHUNK = 1024 * 1024
 _BLOCK = tarfile.BLOCKSIZE
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def pack_dir(root: str | Path) -> Iterator[bytes]:
@@ -39,7 +60,10 @@ def _walk(base: Path) -> Iterator[tuple[Path, str]]:
             path = here / name
             arcname = path.relative_to(base).as_posix()
             if path.is_symlink():
-                _check_link(arcname, str(path.readlink()))
+                target = str(path.readlink())
+                fault = _link_fault(PurePosixPath(arcname).parts, target)
+                if fault is not None:
+                    raise UnsafeArchiveMember(f"link {arcname!r} -> {target!r} {fault}")
             elif not (path.is_dir() or path.is_file()):
                 raise UnsafeArchiveMember(
                     f"{str(path)!r} is not a regular file, directory or symlink; "
@@ -88,16 +112,23 @@ def _pack_member(path: Path, arcname: str) -> Iterator[bytes]:
             yield b"\0" * (_BLOCK - info.size % _BLOCK)
 
 
-def _check_link(name: str, target: str, *, from_root: bool = False) -> None:
-    """Lexically: a symlink's target is relative to its directory, a hard link's to the root."""
-    pure = PurePosixPath(target)
-    if pure.is_absolute():
-        raise UnsafeArchiveMember(f"link {name!r} -> {target!r} points to an absolute path")
-    depth = 0 if from_root else len(PurePosixPath(name).parent.parts)
-    for part in pure.parts:
-        depth = depth - 1 if part == ".." else depth + (part != ".")
-        if depth < 0:
-            raise UnsafeArchiveMember(f"link {name!r} -> {target!r} points outside the root")
+def _link_fault(name: Sequence[str], target: str) -> str | None:
+    """Why a symlink at `name` (components under the root) to `target` is refused, if it is.
+
+    Only leading `..` are allowed: after a name, `..` climbs from wherever that name
+    resolves to (`d/..` with `d -> .` is the root's parent), which no lexical count sees.
+    """
+    if not target or "\0" in target:
+        return "has an empty or invalid target"
+    if target.startswith("/"):
+        return "points to an absolute path"
+    parts = [part for part in target.split("/") if part not in ("", ".")]
+    ups = next((i for i, part in enumerate(parts) if part != ".."), len(parts))
+    if ".." in parts[ups:]:
+        return "climbs with '..' after a name; only leading '..' are allowed"
+    if ups > len(name) - 1:
+        return "points outside the root"
+    return None
 
 
 class _ChunkReader:
@@ -124,55 +155,26 @@ def extract_tar(chunks: Iterable[bytes], dest: str | Path, *, strip: str | None 
     """Extract a tar stream so that its tree lands exactly at `dest`.
 
     `strip` names a leading directory to remove (Docker's get_archive wraps the tree in
-    its basename). Members are staged beside `dest` and moved in only when the whole
-    archive was safe, so a refused archive leaves `dest` as it was.
+    its basename). Links and chains of links that could reach outside `dest` are refused
+    (see the module's docstring); a refused archive leaves `dest` as it was.
     """
     target = Path(dest)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".corral-extract-", dir=target.parent))
     try:
-        reader = cast(IO[bytes], _ChunkReader(chunks))
-        with tarfile.open(fileobj=reader, mode="r|") as archive:
-            for member in archive:
-                name = _strip(member.name, strip)
-                if name is None:
-                    continue
-                member.name = name
-                if member.islnk():
-                    linkname = _strip(member.linkname, strip)
-                    member.linkname = linkname if linkname is not None else member.linkname
-                _check_member(member, target)
-                archive.extract(member, staging, **_NO_FILTER)
+        with _Staging(staging, target) as tree:
+            reader = cast(IO[bytes], _ChunkReader(chunks))
+            with tarfile.open(fileobj=reader, mode="r|") as archive:
+                for member in archive:
+                    name = _strip(member.name, strip)
+                    if name is None:
+                        continue
+                    link = (_strip(member.linkname, strip) or "") if member.islnk() else ""
+                    tree.add(archive, member, name, link)
+            tree.finish()
         _merge(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-# The checks are corral's own (Python before 3.11.4 has no tarfile filters); the
-# archive is then extracted as is, into a staging directory.
-_NO_FILTER: dict[str, Any] = (
-    {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
-)
-
-
-def _check_member(member: tarfile.TarInfo, target: Path) -> None:
-    """Refuse what would land outside the root; drop special bits and foreign owners."""
-    where = f"archive member {member.name!r} would land outside {str(target)!r}"
-    pure = PurePosixPath(member.name)
-    if pure.is_absolute() or ".." in pure.parts:
-        raise UnsafeArchiveMember(where)
-    if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
-        raise UnsafeArchiveMember(f"{where}: it is a device or fifo")
-    try:
-        if member.issym():
-            _check_link(member.name, member.linkname)
-        elif member.islnk():
-            _check_link(member.name, member.linkname, from_root=True)
-    except UnsafeArchiveMember as exc:
-        raise UnsafeArchiveMember(f"{where}: {exc}") from None
-    member.mode &= 0o777
-    member.uid, member.gid = os.getuid(), os.getgid()
-    member.uname = member.gname = ""
 
 
 def _strip(name: str, prefix: str | None) -> str | None:
@@ -185,26 +187,206 @@ def _strip(name: str, prefix: str | None) -> str | None:
     return str(PurePosixPath(*rest)) if rest else None
 
 
+class _Staging:
+    """The archive's tree, built in a fresh directory through no-follow descriptors only."""
+
+    def __init__(self, root: Path, dest: Path) -> None:
+        self.dest = str(dest)
+        self.fd = os.open(root, _DIRECTORY)
+        # Modes and mtimes of directories, set once everything inside them is written.
+        self.dirs: dict[tuple[str, ...], tuple[int, float]] = {}
+
+    def __enter__(self) -> _Staging:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+
+    def refuse(self, name: str, why: str) -> UnsafeArchiveMember:
+        return UnsafeArchiveMember(
+            f"archive member {name!r} would land outside {self.dest!r}: {why}"
+        )
+
+    def parts(self, name: str, path: str) -> tuple[str, ...]:
+        pure = PurePosixPath(path)
+        if "\0" in path or pure.is_absolute() or ".." in pure.parts:
+            raise self.refuse(name, f"{path!r} is absolute or climbs with '..'")
+        return pure.parts
+
+    @contextmanager
+    def directory(self, name: str, parts: Sequence[str], *, create: bool) -> Generator[int]:
+        """A descriptor of the directory at `parts`, reached without following a symlink."""
+        fd = os.dup(self.fd)
+        try:
+            for depth, part in enumerate(parts, 1):
+                if create:
+                    with suppress(FileExistsError):
+                        os.mkdir(part, 0o777, dir_fd=fd)
+                try:
+                    child = os.open(part, _DIRECTORY, dir_fd=fd)
+                except OSError:
+                    kind = _kind(_lstat(part, fd))
+                    where = "/".join(parts[:depth])
+                    raise self.refuse(name, f"{where!r} on its way is {kind}") from None
+                os.close(fd)
+                fd = child
+            yield fd
+        finally:
+            os.close(fd)
+
+    def add(self, archive: tarfile.TarFile, member: tarfile.TarInfo, path: str, link: str) -> None:
+        name = member.name
+        if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+            raise self.refuse(name, "it is a device or fifo")
+        parts = self.parts(name, path)
+        if member.isdir():
+            self.dirs[parts] = (member.mode & 0o777, member.mtime)
+        if not parts:
+            if not member.isdir():
+                raise self.refuse(name, "the root itself must be a directory")
+            return
+        *parents, leaf = parts
+        with self.directory(name, parents, create=True) as parent:
+            existing = _lstat(leaf, parent)
+            if existing is not None and stat.S_ISDIR(existing.st_mode):
+                if member.isdir():
+                    return
+                raise UnsafeArchiveMember(
+                    f"archive member {name!r} would replace the directory it names; "
+                    "refusing the archive"
+                )
+            if member.issym():
+                fault = _link_fault(parts, member.linkname)
+                if fault is not None:
+                    raise self.refuse(name, f"link to {member.linkname!r} {fault}")
+            if member.islnk():
+                self.hardlink(name, link, parent, leaf)
+                return
+            if existing is not None:
+                os.unlink(leaf, dir_fd=parent)
+            if member.isdir():
+                os.mkdir(leaf, 0o777, dir_fd=parent)
+            elif member.issym():
+                os.symlink(member.linkname, leaf, dir_fd=parent)
+            else:
+                self.write(archive, member, parent, leaf)
+
+    def hardlink(self, name: str, link: str, parent: int, leaf: str) -> None:
+        """Link to a regular file this archive extracted; nothing else is linkable."""
+        refusal = self.refuse(name, f"hard link to {link!r}, not a file the archive extracted")
+        parts = self.parts(name, link)
+        if not parts:
+            raise refusal
+        *where, target = parts
+        with self.directory(name, where, create=False) as directory:
+            source = _lstat(target, directory)
+            if source is None or not stat.S_ISREG(source.st_mode):
+                raise refusal
+            existing = _lstat(leaf, parent)
+            if existing is not None:
+                if os.path.samestat(existing, source):
+                    return
+                os.unlink(leaf, dir_fd=parent)
+            os.link(target, leaf, src_dir_fd=directory, dst_dir_fd=parent, follow_symlinks=False)
+
+    def write(
+        self, archive: tarfile.TarFile, member: tarfile.TarInfo, parent: int, leaf: str
+    ) -> None:
+        source = archive.extractfile(member)
+        assert source is not None, "a regular member always has a file object"
+        with os.fdopen(os.open(leaf, _NEW_FILE, 0o600, dir_fd=parent), "wb") as out:
+            shutil.copyfileobj(source, out, CHUNK)
+            out.flush()
+            os.fchmod(out.fileno(), member.mode & 0o777)
+            os.utime(out.fileno(), (member.mtime, member.mtime))
+
+    def finish(self) -> None:
+        """Set directory modes and mtimes, deepest first (writing inside changes them)."""
+        for parts in sorted(self.dirs, key=len, reverse=True):
+            mode, mtime = self.dirs[parts]
+            with self.directory("/".join(parts) or ".", parts, create=False) as fd:
+                os.fchmod(fd, mode)
+                os.utime(fd, (mtime, mtime))
+
+
+def _lstat(name: str, dir_fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _kind(entry: os.stat_result | None) -> str:
+    if entry is None:
+        return "missing"
+    if stat.S_ISDIR(entry.st_mode):
+        return "a directory it cannot open"
+    return "a symlink" if stat.S_ISLNK(entry.st_mode) else "not a directory"
+
+
+@contextmanager
+def _opened(name: str | Path, dir_fd: int | None = None) -> Generator[int]:
+    fd = os.open(name, _DIRECTORY, dir_fd=dir_fd)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def _merge(src: Path, dst: Path) -> None:
+    """Move the staged tree into `dst`: what is in the way is replaced, never followed."""
     if not dst.exists() and not dst.is_symlink():
         src.rename(dst)
         src.mkdir()
         return
     if not dst.is_dir() or dst.is_symlink():
         raise NotADirectoryError(f"destination {str(dst)!r} exists and is not a directory")
-    for entry in src.iterdir():
-        out = dst / entry.name
-        if entry.is_dir() and not entry.is_symlink() and out.is_dir() and not out.is_symlink():
-            _merge(entry, out)
-        else:
-            if out.is_dir() and not out.is_symlink():
-                shutil.rmtree(out)
-            entry.replace(out)
+    src.chmod(0o700)  # the archive may have made it read-only; it is emptied, then removed
+    with _opened(src) as ours, _opened(dst) as theirs:
+        _merge_into(ours, theirs)
+
+
+def _merge_into(src: int, dst: int) -> None:
+    for name in os.listdir(src):
+        ours = os.stat(name, dir_fd=src, follow_symlinks=False)
+        theirs = _lstat(name, dst)
+        if theirs is not None and stat.S_ISDIR(theirs.st_mode):
+            if stat.S_ISDIR(ours.st_mode):
+                os.chmod(name, 0o700, dir_fd=src)
+                with _opened(name, src) as inner_src, _opened(name, dst) as inner_dst:
+                    _merge_into(inner_src, inner_dst)
+                continue
+            shutil.rmtree(name, dir_fd=dst)
+        elif theirs is not None and stat.S_ISDIR(ours.st_mode):
+            os.unlink(name, dir_fd=dst)  # a directory cannot be renamed over a non-directory
+        os.rename(name, name, src_dir_fd=src, dst_dir_fd=dst)
+
+
+@contextmanager
+def replacing(dest: str | Path) -> Generator[BinaryIO]:
+    """A new file beside `dest`, renamed over it if the block succeeds, removed if not.
+
+    The file is created afresh (O_EXCL, a random name) and renamed into place, so what
+    was at `dest`, a symlink included, is replaced, never followed or written through.
+    The directories leading to `dest` are the caller's choice and are taken as given.
+    """
+    target = Path(dest)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}.corral-partial")
+    try:
+        with os.fdopen(os.open(partial, _NEW_FILE, 0o666), "wb") as out:
+            yield out
+        partial.replace(target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def extract_file(chunks: Iterable[bytes], dest: str | Path, remote: str) -> None:
-    """Write the single regular file of a tar stream to `dest` (Docker's get_archive)."""
-    target = Path(dest)
+    """Write the single regular file of a tar stream to `dest` (Docker's get_archive).
+
+    A link (symbolic or hard) is refused, not followed; `dest` is replaced (`replacing`).
+    """
     reader = cast(IO[bytes], _ChunkReader(chunks))
     with tarfile.open(fileobj=reader, mode="r|") as archive:
         member = archive.next()
@@ -213,9 +395,6 @@ def extract_file(chunks: Iterable[bytes], dest: str | Path, remote: str) -> None
         if not member.isfile():
             raise UnsafeArchiveMember(f"sandbox path {remote!r} is not a regular file")
         source = archive.extractfile(member)
-        assert source is not None
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.corral-partial")
-        with partial.open("wb") as out:
+        assert source is not None, "a regular member always has a file object"
+        with replacing(dest) as out:
             shutil.copyfileobj(source, out, CHUNK)
-        partial.replace(target)

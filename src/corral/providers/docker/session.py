@@ -29,6 +29,7 @@ from corral.network.targets import EntryType, IPAddress
 from corral.providers.docker.enforcement import apply_policy, resolve
 from corral.providers.docker.engine import Engine, call
 from corral.providers.docker.execution import run_exec
+from corral.providers.docker.landing import SandboxFiles
 from corral.providers.docker.resources import remove_container
 
 log = logging.getLogger("corral.docker")
@@ -128,11 +129,21 @@ class DockerSession(EnvironmentSession):
             raise ProviderError(f"download of {path!r} failed: {exc.explanation}") from None
         return stream
 
+    async def _upload_root(self, path: str) -> str:
+        """The real directory an upload to `path` lands in (see `landing`), created if missing."""
+        files = SandboxFiles(self.client.api, self.tokens, self.sandbox)
+        resolved = await files.resolve(path)
+        if resolved is None:
+            await self._mkdir(path)  # the sandbox's mkdir: what it made is checked again
+            resolved = await files.resolve(path)
+        if resolved is None:
+            raise ProviderError(f"sandbox path {path!r} vanished while it was created")
+        return resolved
+
     async def upload(self, local: str | Path, remote: str) -> None:
         target = self._absolute(remote)
         parent, name = posixpath.split(target)
-        await self._mkdir(parent)
-        await self._put(parent, pack_file(local, name))
+        await self._put(await self._upload_root(parent), pack_file(local, name))
 
     async def download(self, remote: str, local: str | Path) -> None:
         source = self._absolute(remote)
@@ -147,8 +158,7 @@ class DockerSession(EnvironmentSession):
     async def upload_dir(self, local_dir: str | Path, remote_dir: str) -> None:
         target = self._absolute(remote_dir)
         await call(self.tokens, validate_dir, local_dir)
-        await self._mkdir(target)
-        await self._put(target, pack_dir(local_dir))
+        await self._put(await self._upload_root(target), pack_dir(local_dir))
 
     async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None:
         source = self._absolute(remote_dir)

@@ -11,13 +11,14 @@ import anyio
 
 from corral.core.output import BoundedOutput
 from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
-from corral.core.tarsafe import CHUNK, extract_tar, pack_dir, pack_file, validate_dir
+from corral.core.tarsafe import CHUNK, extract_tar, pack_dir, pack_file, replacing, validate_dir
 from corral.errors import (
     ExecUserUnsupported,
     NetworkPolicyNotEnforced,
     NetworkPolicyUnsupported,
     ProviderError,
     RemotePathNotFound,
+    UnsafeArchiveMember,
 )
 from corral.network.policy import NetworkPolicy
 from corral.network.resolve import needs_dns
@@ -35,8 +36,14 @@ from corral.providers.k8s.forward import PortForwarder
 
 MISSING = 44
 IS_DIR = 45
+IS_LINK = 46
 NO_TAR = 127
-_UNTAR = 'mkdir -p "$1" && head -c "$2" | tar -x -f - -C "$1"'
+# Uploads run the Pod's own tools (see upload_dir). `tar -x` replaces a symlink at a
+# member's place rather than following it; `$3` = dir refuses a root that is a symlink.
+_UNTAR = (
+    'mkdir -p "$1" && if [ "$3" = dir ] && [ -L "$1" ]; then exit 46; fi '
+    '&& head -c "$2" | tar -x -f - -C "$1"'
+)
 _TAR = '[ -d "$1" ] || exit 44; cd "$1" && exec tar -c -f - .'
 _SIZE = '[ -e "$1" ] || exit 44; [ -d "$1" ] && exit 45; wc -c < "$1"'
 # One range of a file; `dd` counts in MiB blocks.
@@ -118,8 +125,11 @@ class KubernetesSession(EnvironmentSession):
             output_limit=self.output_limit,
         )
 
-    async def _stream_in(self, directory: str, chunks: Iterator[bytes]) -> None:
-        """Spool the tar (to learn its length), then send it over stdin, length-bounded."""
+    async def _stream_in(self, directory: str, chunks: Iterator[bytes], *, root: bool) -> None:
+        """Spool the tar (to learn its length), then send it over stdin, length-bounded.
+
+        `root`: `directory` is the upload's root, which must not be a symlink.
+        """
         with tempfile.TemporaryFile() as spool:
 
             def write() -> int:
@@ -136,7 +146,7 @@ class KubernetesSession(EnvironmentSession):
                 self.target.tokens,
                 run_blocking_exec,
                 self.target,
-                ["sh", "-c", _UNTAR, "sh", directory, str(size)],
+                ["sh", "-c", _UNTAR, "sh", directory, str(size), "dir" if root else ""],
                 frames,
                 None,
                 lambda name, data: stderr.feed(data) if name == "stderr" else None,
@@ -144,17 +154,26 @@ class KubernetesSession(EnvironmentSession):
         code = exit_code(status)
         if code == NO_TAR or "tar: not found" in stderr.text():
             raise ProviderError("the sandbox image has no `tar`; directory transfer needs it")
+        if code == IS_LINK:
+            raise UnsafeArchiveMember(
+                f"sandbox path {directory!r} is a symlink; refusing to upload through it"
+            )
         if code != 0:
             raise ProviderError(f"unpacking into {directory!r} failed: {stderr.text().strip()}")
 
     async def upload(self, local: str | Path, remote: str) -> None:
         target = self._absolute(remote)
         parent, name = posixpath.split(target)
-        await self._stream_in(parent, pack_file(local, name))
+        await self._stream_in(parent, pack_file(local, name), root=False)
 
     async def upload_dir(self, local_dir: str | Path, remote_dir: str) -> None:
+        """Unpacked by the Pod's `tar`, which a root workload can replace: what lands
+        where is then its choice. Against links it planted, the root may not be one and
+        members replace links at their places; the parents of the root are followed as
+        the Pod resolves them (the image's own `/bin -> usr/bin` among them).
+        """
         await anyio.to_thread.run_sync(validate_dir, local_dir)
-        await self._stream_in(self._absolute(remote_dir), pack_dir(local_dir))
+        await self._stream_in(self._absolute(remote_dir), pack_dir(local_dir), root=True)
 
     async def download(self, remote: str, local: str | Path) -> None:
         """Read the file in ranges, each checked against the size the Pod reported.
@@ -171,8 +190,6 @@ class KubernetesSession(EnvironmentSession):
         if sized.returncode != 0:
             raise ProviderError(f"reading {remote!r} failed: {sized.stderr.strip()}")
         size = int(sized.stdout.strip())
-        destination = Path(local)
-        partial = destination.with_name(f".{destination.name}.corral-partial")
 
         def read_range(index: int) -> bytes:
             want = min(RANGE_MIB << 20, size - (index * RANGE_MIB << 20))
@@ -184,17 +201,11 @@ class KubernetesSession(EnvironmentSession):
             raise ProviderError(f"reading {remote!r}: the Pod kept sending short ranges")
 
         def copy() -> None:
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            with partial.open("wb") as out:
+            with replacing(local) as out:
                 for index in range(-(-size // (RANGE_MIB << 20))):
                     out.write(read_range(index))
 
-        try:
-            await call(self.target.tokens, copy)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-        partial.replace(destination)
+        await call(self.target.tokens, copy)
 
     async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None:
         source = self._absolute(remote_dir)
