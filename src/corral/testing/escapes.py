@@ -98,8 +98,10 @@ def _link_local_gateway(port: int) -> str:
 
 
 def catalogue(t: EscapeTargets) -> list[Technique]:
+    """Every technique; those aimed at IPv6 only when `t.denied_ip6` is set (a provider
+    whose sandboxes have no IPv6 address cannot be tried over it)."""
     dial = _tcp(t.denied_ip, t.port)
-    return [
+    techniques = [
         Technique("tcp-direct", dial, control=True),
         Technique("udp-direct", _udp(t.denied_ip, t.udp_port), control=True),
         Technique("icmp-ping", f"ping -c 1 -W 2 {t.denied_ip}", control=True),
@@ -160,6 +162,12 @@ def catalogue(t: EscapeTargets) -> list[Technique]:
         Technique("nsenter-init", f'nsenter --target 1 --net --mount sh -c "{dial}"'),
         Technique("docker-socket", "test -S /var/run/docker.sock || test -S /run/docker.sock"),
     ]
+    if t.denied_ip6:
+        return techniques
+    return [x for x in techniques if x.name not in _IPV6_ONLY]
+
+
+_IPV6_ONLY = frozenset({"tcp-ipv6", "ip6tables-flush", "ipv6-link-local-gateway"})
 
 
 async def attempt(session: EnvironmentSession, technique: Technique) -> ExecResult:

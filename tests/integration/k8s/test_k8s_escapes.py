@@ -1,0 +1,126 @@
+"""The escape catalogue, as root in a Kubernetes sandbox, under no-network and allowlist."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+from corral import ExecutionPlan, NetworkSchedule
+from corral.providers.k8s import KubernetesEnvironment
+from corral.providers.k8s.session import KubernetesSession
+from corral.testing.escapes import EscapeTargets, escapes, failed_controls
+from corral.testing.plugin import EgressTarget
+from corral.testing.servers import stop_server
+from tests.integration.conftest import ALLOWED_IP, DENIED_IP, LINK_LOCAL_IP, TCP_PORT, UDP_PORT
+from tests.integration.k8s.conftest import TEST_IMAGE
+
+pytestmark = pytest.mark.anyio
+PEER_PORT = 9000
+
+
+def _accept_forever(server: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def listeners(target_link: None) -> Iterator[dict[str, int]]:
+    """Host listeners: the link-local test address, and every address of the node."""
+    servers = {
+        "link-local": socket.create_server((LINK_LOCAL_IP, 0)),
+        "host": socket.create_server(("0.0.0.0", 0)),
+    }
+    threads = [
+        threading.Thread(target=_accept_forever, args=(s,), daemon=True) for s in servers.values()
+    ]
+    for thread in threads:
+        thread.start()
+    yield {name: s.getsockname()[1] for name, s in servers.items()}
+    for server, thread in zip(servers.values(), threads, strict=True):
+        stop_server(server, thread)
+
+
+def plan(policy: str) -> ExecutionPlan:
+    schedule = NetworkSchedule.model_validate({"baseline": policy})
+    return ExecutionPlan(image=TEST_IMAGE, network=schedule)
+
+
+@pytest.fixture
+async def peer(k8s_env: KubernetesEnvironment) -> AsyncIterator[KubernetesSession]:
+    """Another sandbox, listening on PEER_PORT."""
+    async with k8s_env.session(plan("public")) as other:
+        assert isinstance(other, KubernetesSession)
+        await other.exec(["sh", "-c", f"nohup nc -lk -p {PEER_PORT} >/dev/null 2>&1 &"])
+        yield other
+
+
+def pod(cluster: Any, session: KubernetesSession) -> Any:
+    return cluster.core.read_namespaced_pod(session.target.pod, session.target.namespace)
+
+
+async def targets(
+    cluster: Any, sandbox: KubernetesSession, peer: KubernetesSession, ports: dict[str, int]
+) -> EscapeTargets:
+    resolv = await sandbox.exec(
+        ["sh", "-c", "awk '/^nameserver/ {print $2; exit}' /etc/resolv.conf"]
+    )
+    return EscapeTargets(
+        denied_ip=DENIED_IP,
+        denied_ip6="",  # the test cluster's Pods have no IPv6 address
+        port=TCP_PORT,
+        port6=0,
+        udp_port=UDP_PORT,
+        link_local_ip=LINK_LOCAL_IP,
+        link_local_port=ports["link-local"],
+        host_ip=pod(cluster, sandbox).status.host_ip,
+        host_port=ports["host"],
+        peer_ip=pod(cluster, peer).status.pod_ip,
+        peer_port=PEER_PORT,
+        resolver=resolv.stdout.strip() or "10.96.0.10",
+    )
+
+
+async def test_dialling_techniques_reach_their_targets_under_public(
+    cluster: Any,
+    k8s_env: KubernetesEnvironment,
+    peer: KubernetesSession,
+    listeners: dict[str, int],
+    tcp_targets: list[EgressTarget],
+    udp_targets: list[EgressTarget],
+) -> None:
+    async with k8s_env.session(plan("public")) as sandbox:
+        assert isinstance(sandbox, KubernetesSession)
+        failed = await failed_controls(sandbox, await targets(cluster, sandbox, peer, listeners))
+    # A Pod has neither NET_RAW nor a ping_group_range that admits it: it cannot send ICMP
+    # under any policy, so that technique is out of its reach, not merely untested.
+    assert failed.keys() <= {"icmp-ping"}, "these techniques fail even under public"
+    assert "Operation not permitted" in failed.get("icmp-ping", "Operation not permitted")
+
+
+@pytest.mark.parametrize("policy", ["no-network", f"allowlist:{ALLOWED_IP}:{TCP_PORT}"])
+async def test_no_technique_escapes(
+    cluster: Any,
+    k8s_env: KubernetesEnvironment,
+    peer: KubernetesSession,
+    listeners: dict[str, int],
+    tcp_targets: list[EgressTarget],
+    udp_targets: list[EgressTarget],
+    policy: str,
+) -> None:
+    async with k8s_env.session(plan(policy)) as sandbox:
+        assert isinstance(sandbox, KubernetesSession)
+        with anyio.fail_after(600):
+            escaped = await escapes(sandbox, await targets(cluster, sandbox, peer, listeners))
+        if policy.startswith("allowlist"):
+            allowed = await sandbox.exec(["nc", "-z", "-w", "3", ALLOWED_IP, str(TCP_PORT)])
+            assert allowed.returncode == 0, "the allowlist's own target must stay reachable"
+    assert escaped == {}
