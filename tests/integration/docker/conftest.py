@@ -57,15 +57,19 @@ def owner(engine: Any) -> Iterator[str]:
     )
 
 
-def make_env(owner: str, **overrides: Any) -> DockerEnvironment:
-    params: dict[str, Any] = {
+def env_config(owner: str, **overrides: Any) -> dict[str, Any]:
+    """The test config of a `docker` environment, as JSON-ready parameters."""
+    return {
         "owner": owner,
         "holder_image": HOLDER_IMAGE,
         "pull_policy": "never",
         "extra_hosts": HOSTS,
         **overrides,
     }
-    return DockerEnvironment(DockerConfig.model_validate(params))
+
+
+def make_env(owner: str, **overrides: Any) -> DockerEnvironment:
+    return DockerEnvironment(DockerConfig.model_validate(env_config(owner, **overrides)))
 
 
 @pytest.fixture
