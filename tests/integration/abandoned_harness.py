@@ -1,8 +1,9 @@
 """A harness that opens sandboxes and never closes them, for the tests that SIGKILL it.
 
-    python -m tests.integration.abandoned_harness ENV_ID CONFIG_JSON IMAGE LIFETIME_S COUNT
+    python -m tests.integration.abandoned_harness ENV_ID CONFIG_JSON IMAGE COUNT
 
-Opens COUNT sandboxes at once, prints their ids as one JSON line, then blocks until killed.
+Opens COUNT sandboxes at once, with the config's `default_lifetime_s` (the plan sets no
+`max_lifetime_s`), prints their ids as one JSON line, then blocks until killed.
 `kill_harness` runs it as a real child process and SIGKILLs it once the ids are out.
 """
 
@@ -19,15 +20,15 @@ from typing import Any
 
 import anyio
 
-from corral import ENVIRONMENTS, EnvironmentSession, ExecutionPlan, Timeouts
+from corral import ENVIRONMENTS, EnvironmentSession, ExecutionPlan
 
 ROOT = Path(__file__).parents[2]
 
 
 async def main(argv: list[str]) -> None:
-    env_id, config, image, lifetime_s, count = argv
+    env_id, config, image, count = argv
     env = ENVIRONMENTS.create(env_id, **json.loads(config))
-    plan = ExecutionPlan(image=image, timeouts=Timeouts(max_lifetime_s=float(lifetime_s)))
+    plan = ExecutionPlan(image=image)
     opened: list[EnvironmentSession] = []
 
     async def open_one() -> None:
@@ -41,11 +42,11 @@ async def main(argv: list[str]) -> None:
 
 
 def kill_harness(
-    env_id: str, config: dict[str, Any], image: str, lifetime_s: float, count: int
+    env_id: str, config: dict[str, Any], image: str, count: int
 ) -> tuple[list[str], float]:
     """The ids of the sandboxes a harness opened, and the monotonic time it was SIGKILLed."""
     argv = [sys.executable, "-m", "tests.integration.abandoned_harness", env_id]
-    argv += [json.dumps(config), image, str(lifetime_s), str(count)]
+    argv += [json.dumps(config), image, str(count)]
     child = subprocess.Popen(
         argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

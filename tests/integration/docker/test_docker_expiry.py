@@ -4,48 +4,40 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import anyio
 import pytest
 
 from corral import ExecutionPlan, Timeouts
-from corral.core.labels import EXPIRES_AT, OWNER
+from corral.core.labels import EXPIRES_AT
 from tests.integration.abandoned_harness import ROOT, kill_harness
-from tests.integration.docker.conftest import TEST_IMAGE, env_config, make_env
+from tests.integration.conftest import wait_for
+from tests.integration.docker.conftest import (
+    TEST_IMAGE,
+    containers,
+    env_config,
+    make_env,
+    networks,
+)
 
 LIFETIME_S = 8
 #: How long past its expires-at label a container may take to be gone.
 MARGIN_S = 4
 
 
-def containers(engine: Any, owner: str) -> dict[str, int]:
-    """`owner`'s containers, running or not, with their expires-at."""
-    listed = engine.containers.list(all=True, filters={"label": f"{OWNER}={owner}"})
-    return {c.name: int(c.labels[EXPIRES_AT]) for c in listed}
-
-
-def networks(engine: Any, owner: str) -> set[str]:
-    return {n.name for n in engine.networks.list(filters={"label": f"{OWNER}={owner}"})}
-
-
-async def wait_for(condition: Callable[[], bool], until: float) -> float:
-    """Poll until `condition` holds; the wall-clock time it first did, or fail at `until`."""
-    while not condition():
-        if time.time() > until:
-            raise AssertionError(f"still false {time.time() - until:.1f} s past the deadline")
-        await anyio.sleep(0.25)
-    return time.time()
+def expiries(engine: Any, owner: str) -> dict[str, int]:
+    """`owner`'s containers by name, with their expires-at."""
+    return {name: int(labels[EXPIRES_AT]) for name, labels in containers(engine, owner).items()}
 
 
 @pytest.mark.anyio
 async def test_sandboxes_of_a_killed_harness_end_themselves(engine: Any, owner: str) -> None:
     ids, killed_at = await anyio.to_thread.run_sync(
-        kill_harness, "docker", env_config(owner), TEST_IMAGE, LIFETIME_S, 2
+        kill_harness, "docker", env_config(owner, default_lifetime_s=LIFETIME_S), TEST_IMAGE, 2
     )
 
-    left = containers(engine, owner)
+    left = expiries(engine, owner)
     roles = ("holder", "sandbox")
     assert set(left) == {f"corral-{sid}-{role}" for sid in ids for role in roles}
     expires = max(left.values())
@@ -53,7 +45,7 @@ async def test_sandboxes_of_a_killed_harness_end_themselves(engine: Any, owner: 
     gone_after = time.monotonic() - killed_at
     print(f"harness killed -> containers gone: {gone_after:.1f} s")
     # A network cannot remove itself: `corral gc` does, once its label has expired.
-    assert networks(engine, owner) == {f"corral-{sid}" for sid in ids}
+    assert set(networks(engine, owner)) == {f"corral-{sid}" for sid in ids}
     gc = await anyio.run_process(
         [sys.executable, "-m", "corral", "gc", "--env", "docker", "-p", f"owner={owner}"],
         cwd=ROOT,
@@ -70,7 +62,7 @@ async def test_a_restarted_sandbox_keeps_its_deadline(engine: Any, owner: str) -
     session = await env.open(plan)
     try:
         sandbox = f"corral-{session.id}-sandbox"
-        expires = containers(engine, owner)[sandbox]
+        expires = expiries(engine, owner)[sandbox]
         await anyio.sleep(5)
         await session.end_workload()  # restarts the sandbox container
         restarted = time.time()
@@ -89,7 +81,7 @@ async def test_a_workload_that_stops_its_timer_still_loses_its_network(
     session = await env.open(plan)
     try:
         holder = f"corral-{session.id}-holder"
-        expires = containers(engine, owner)[holder]
+        expires = expiries(engine, owner)[holder]
         # Root in the sandbox freezes the sleep that would end its container.
         frozen = await session.exec("kill -STOP $(ps -o pid= --ppid 1)", user="0")
         assert frozen.returncode == 0, frozen

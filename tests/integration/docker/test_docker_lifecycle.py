@@ -20,19 +20,11 @@ from corral import (
     ProviderError,
     Timeouts,
 )
-from corral.core.labels import OWNER
 from corral.providers.docker import DockerConfig, DockerEnvironment
 from tests.integration.conftest import effective_capabilities
-from tests.integration.docker.conftest import HOLDER_IMAGE, TEST_IMAGE, make_env
+from tests.integration.docker.conftest import HOLDER_IMAGE, TEST_IMAGE, leftovers, make_env
 
 pytestmark = pytest.mark.anyio
-
-
-def leftovers(engine: Any, owner: str) -> list[str]:
-    selector = {"label": f"{OWNER}={owner}"}
-    return [c.name for c in engine.containers.list(all=True, filters=selector)] + [
-        n.name for n in engine.networks.list(filters=selector)
-    ]
 
 
 @pytest.mark.parametrize("delay", [0.05, 0.2, 0.4, 0.7, 1.0, 1.4, 1.8, 2.4])
