@@ -13,9 +13,10 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from corral import EnvironmentSession
@@ -114,3 +115,12 @@ async def effective_capabilities(sandbox: EnvironmentSession) -> frozenset[str]:
     status = await sandbox.exec(["grep", "CapEff", "/proc/self/status"])
     bits = int(status.stdout.split()[1], 16)
     return frozenset(name for bit, name in _CAPABILITY_BITS.items() if bits & (1 << bit))
+
+
+async def wait_for(condition: Callable[[], bool], until: float) -> float:
+    """Poll until `condition` holds; the wall-clock time it first did, or fail at `until`."""
+    while not condition():
+        if time.time() > until:
+            raise AssertionError(f"still not so {time.time() - until:.1f} s past the deadline")
+        await anyio.sleep(0.25)
+    return time.time()

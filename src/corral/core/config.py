@@ -29,8 +29,9 @@ class RuntimeEnvironmentConfig(BaseModel):
     default_lifetime_s: float = Field(
         default=6 * 3600.0,
         gt=0,
-        description="seconds until a sandbox counts as expired for gc when the plan sets no "
-        "max_lifetime_s",
+        description="seconds a sandbox lives when the plan sets no max_lifetime_s; docker and "
+        "k8s sandboxes end by themselves then, even with no corral process left, and gc "
+        "removes what remains",
     )
 
     @model_validator(mode="after")

@@ -46,7 +46,10 @@ class Timeouts(BaseModel):
     )
     idle_s: float | None = Field(default=None, gt=0, description="seconds a sandbox may sit unused")
     max_lifetime_s: float | None = Field(
-        default=None, gt=0, description="seconds after which the sandbox is expired and collectable"
+        default=None,
+        gt=0,
+        description="seconds after which the sandbox ends (docker, k8s: by itself, even with no "
+        "corral process left) and gc collects what remains",
     )
 
 

@@ -57,15 +57,34 @@ def owner(engine: Any) -> Iterator[str]:
     )
 
 
-def make_env(owner: str, **overrides: Any) -> DockerEnvironment:
-    params: dict[str, Any] = {
+def containers(engine: Any, owner: str) -> dict[str, dict[str, str]]:
+    """`owner`'s containers, running or not, by name, with their labels."""
+    # The low-level list: the high-level one inspects each, racing their auto-removal.
+    listed = engine.api.containers(all=True, filters={"label": f"{OWNER}={owner}"})
+    return {c["Names"][0].lstrip("/"): c["Labels"] for c in listed}
+
+
+def networks(engine: Any, owner: str) -> list[str]:
+    return [n.name for n in engine.networks.list(filters={"label": f"{OWNER}={owner}"})]
+
+
+def leftovers(engine: Any, owner: str) -> list[str]:
+    return [*containers(engine, owner), *networks(engine, owner)]
+
+
+def env_config(owner: str, **overrides: Any) -> dict[str, Any]:
+    """The test config of a `docker` environment, as JSON-ready parameters."""
+    return {
         "owner": owner,
         "holder_image": HOLDER_IMAGE,
         "pull_policy": "never",
         "extra_hosts": HOSTS,
         **overrides,
     }
-    return DockerEnvironment(DockerConfig.model_validate(params))
+
+
+def make_env(owner: str, **overrides: Any) -> DockerEnvironment:
+    return DockerEnvironment(DockerConfig.model_validate(env_config(owner, **overrides)))
 
 
 @pytest.fixture

@@ -20,19 +20,11 @@ from corral import (
     ProviderError,
     Timeouts,
 )
-from corral.core.labels import OWNER
 from corral.providers.docker import DockerConfig, DockerEnvironment
 from tests.integration.conftest import effective_capabilities
-from tests.integration.docker.conftest import HOLDER_IMAGE, TEST_IMAGE, make_env
+from tests.integration.docker.conftest import HOLDER_IMAGE, TEST_IMAGE, leftovers, make_env
 
 pytestmark = pytest.mark.anyio
-
-
-def leftovers(engine: Any, owner: str) -> list[str]:
-    selector = {"label": f"{OWNER}={owner}"}
-    return [c.name for c in engine.containers.list(all=True, filters=selector)] + [
-        n.name for n in engine.networks.list(filters=selector)
-    ]
 
 
 @pytest.mark.parametrize("delay", [0.05, 0.2, 0.4, 0.7, 1.0, 1.4, 1.8, 2.4])
@@ -110,21 +102,25 @@ async def test_unenforceable_policy_is_refused_before_anything_exists(
 
 async def test_gc_removes_only_expired_sessions(engine: Any, owner: str) -> None:
     env = make_env(f"{owner}-gc")
-    stale = await env.open(ExecutionPlan(image=TEST_IMAGE, timeouts=Timeouts(max_lifetime_s=1)))
-    fresh = await env.open(ExecutionPlan(image=TEST_IMAGE))
     other = make_env(f"{owner}-other")
-    foreign = await other.open(ExecutionPlan(image=TEST_IMAGE, timeouts=Timeouts(max_lifetime_s=1)))
-    await anyio.sleep(2.1)
+    short = ExecutionPlan(image=TEST_IMAGE, timeouts=Timeouts(max_lifetime_s=3))
+    stale = await env.open(short)
+    foreign = await other.open(short)
+    fresh = await env.open(ExecutionPlan(image=TEST_IMAGE))
+    # Expired containers end and remove themselves; their networks are left to gc.
+    fresh_names = [f"corral-{fresh.id}{part}" for part in ("", "-holder", "-sandbox")]
+    left = {
+        f"{owner}-gc": sorted([f"corral-{stale.id}", *fresh_names]),
+        f"{owner}-other": [f"corral-{foreign.id}"],
+    }
+    deadline = time.monotonic() + 10
+    while {key: sorted(leftovers(engine, key)) for key in left} != left:
+        assert time.monotonic() < deadline, [leftovers(engine, key) for key in left]
+        await anyio.sleep(0.25)
     removed = await env.gc()
-    assert sorted(removed) == sorted(
-        [
-            f"container corral-{stale.id}-sandbox",
-            f"container corral-{stale.id}-holder",
-            f"network corral-{stale.id}",
-        ]
-    )
+    assert removed == [f"network corral-{stale.id}"]
     assert (await fresh.exec(["true"])).returncode == 0
-    assert (await foreign.exec(["true"])).returncode == 0, "gc touched another owner"
+    assert leftovers(engine, f"{owner}-other") == [f"corral-{foreign.id}"], "gc touched another"
     await env.close(stale)  # already collected: close is still safe
     await env.close(fresh)
     await other.close(foreign)

@@ -12,24 +12,16 @@ import pytest
 from pydantic import SecretStr
 
 from corral import ExecutionPlan
-from corral.core.labels import OWNER
 from corral.core.session import EnvironmentSession
 from corral.providers.docker.pool import POOL, pool_key
 from corral.providers.docker.resources import holder_name
 from corral.providers.docker.session import DockerSession
 from corral.testing.plugin import EgressTarget
-from tests.integration.docker.conftest import HOLDER_IMAGE, HOSTS, TEST_IMAGE, make_env
+from tests.integration.docker.conftest import HOLDER_IMAGE, HOSTS, TEST_IMAGE, leftovers, make_env
 
 pytestmark = pytest.mark.anyio
 
 PLAN = ExecutionPlan(image=TEST_IMAGE, network="no-network")  # type: ignore[arg-type]
-
-
-def leftovers(engine: Any, owner: str) -> list[str]:
-    selector = {"label": f"{OWNER}={owner}"}
-    return [c.name for c in engine.containers.list(all=True, filters=selector)] + [
-        n.name for n in engine.networks.list(filters=selector)
-    ]
 
 
 def sandbox_of(session: EnvironmentSession) -> str:

@@ -61,15 +61,21 @@ def namespace(cluster: Any) -> Iterator[str]:
     assert leaked == [], f"corral objects left in {name}: {leaked}"
 
 
-def make_env(namespace: str, **overrides: Any) -> KubernetesEnvironment:
-    params: dict[str, Any] = {
+def env_config(namespace: str, **overrides: Any) -> dict[str, Any]:
+    """The test config of a `k8s` environment, as JSON-ready parameters."""
+    return {
         "kubeconfig": kubeconfig(),
         "namespace": namespace,
         "create_namespace": True,
         "image_pull_policy": "Never",
         **overrides,
     }
-    return KubernetesEnvironment(KubernetesConfig.model_validate(params))
+
+
+def make_env(namespace: str, **overrides: Any) -> KubernetesEnvironment:
+    return KubernetesEnvironment(
+        KubernetesConfig.model_validate(env_config(namespace, **overrides))
+    )
 
 
 @pytest.fixture

@@ -4,6 +4,11 @@ Per session: a bridge network of its own (so sandboxes cannot reach one another)
 holder container with NET_ADMIN that owns the network namespace, and the sandbox
 container that joins it with every capability dropped but the workload's. The baseline
 policy is applied and probed before the sandbox container exists.
+
+Both containers end at the session's `corral.expires-at` and the engine removes them
+(auto-remove), with no corral process running: a SIGKILLed harness leaks only the
+network, which `corral gc` removes. The holder's timer is out of the workload's reach, so
+its network ends on time whatever the workload does to its own container's timer.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from docker.types import DeviceRequest
 
 from corral.core.blocking import limiter
 from corral.core.environment import BaseEnvironment
-from corral.core.labels import OWNER, is_expired, new_session_id, session_labels
+from corral.core.labels import EXPIRES_AT, OWNER, is_expired, new_session_id, session_labels
 from corral.core.plan import ExecutionPlan
 from corral.core.redact import plain_env
 from corral.core.session import EnvironmentSession
@@ -38,6 +43,7 @@ from corral.providers.docker.pool import Pooling, WarmPool, collect_idle
 from corral.providers.docker.resources import (
     SubnetTaken,
     create_network,
+    discard_container,
     holder_name,
     network_name,
     pick_subnet,
@@ -49,7 +55,14 @@ from corral.providers.docker.resources import (
 )
 from corral.providers.docker.session import DockerSession
 
-SLEEP_FOREVER = ["sleep", "infinity"]
+
+def sleep_until(expires_at: str) -> list[str]:
+    """A main process that ends at `expires_at` (epoch seconds).
+
+    The wait is counted again at every start of the container, so a restart
+    (`end_workload`) keeps the deadline; started past it, it exits at once.
+    """
+    return ["sh", "-c", 'exec sleep "$(( $1 - $(date +%s) ))"', "corral-lifetime", expires_at]
 
 
 class DockerEnvironment(BaseEnvironment):
@@ -240,6 +253,7 @@ class DockerEnvironment(BaseEnvironment):
             cap_add=["NET_ADMIN"],
             security_opt=["no-new-privileges"],
             init=True,
+            auto_remove=True,
             extra_hosts=cfg.extra_hosts or None,
             port_bindings={p: ("127.0.0.1", None) for p in cfg.published_ports} or None,
             pids_limit=64,
@@ -248,15 +262,15 @@ class DockerEnvironment(BaseEnvironment):
             tokens,
             client.api.create_container,
             cfg.holder_image,
-            SLEEP_FOREVER,
+            sleep_until(labels[EXPIRES_AT]),
             name=holder_names[0],
             labels={**labels, "corral.role": "holder"},
             host_config=holder_config,
             ports=list(cfg.published_ports) or None,
         )
         await call(tokens, client.api.start, holder_names[0])
-        holder: dict[str, Any] = await idempotent(
-            tokens, client.api.inspect_container, holder_names[0]
+        holder = await _running(
+            client, tokens, holder_names[0], labels, f"holder from image {cfg.holder_image!r}"
         )
         holder_id: str = holder["Id"]
         net_info = holder["NetworkSettings"]["Networks"].get(net_name, {})
@@ -292,6 +306,7 @@ class DockerEnvironment(BaseEnvironment):
             cap_add=[*cfg.capabilities, *cfg.unsafe_capabilities] or None,
             security_opt=["no-new-privileges"],
             init=True,
+            auto_remove=True,
             pids_limit=cfg.pids_limit,
             mem_limit=f"{memory}m" if memory else None,
             nano_cpus=int(cpu * 1e9) if cpu else None,
@@ -308,7 +323,7 @@ class DockerEnvironment(BaseEnvironment):
                 client.api.create_container,
                 image,
                 plan.command,
-                entrypoint=None if plan.command else SLEEP_FOREVER,
+                entrypoint=None if plan.command else sleep_until(labels[EXPIRES_AT]),
                 name=sandbox,
                 labels={**labels, "corral.role": "sandbox"},
                 environment=plain_env(plan.env),
@@ -325,13 +340,14 @@ class DockerEnvironment(BaseEnvironment):
             raise ProviderError(
                 f"starting the sandbox from image {image!r} failed: {exc.explanation}"
             ) from None
-        started: dict[str, Any] = await idempotent(tokens, client.api.inspect_container, sandbox)
-        if not started["State"].get("Running"):
-            raise ProviderError(
-                f"sandbox from image {image!r} exited at once (code "
-                f"{started['State'].get('ExitCode')}); it needs `sleep` or a plan.command "
-                "that keeps running"
-            )
+        started = await _running(
+            client,
+            tokens,
+            sandbox,
+            labels,
+            f"sandbox from image {image!r}",
+            "or a plan.command that keeps running",
+        )
         ports: dict[str, list[dict[str, str]] | None] = holder["NetworkSettings"].get("Ports") or {}
         published = {
             int(key.split("/")[0]): int(bindings[0]["HostPort"])
@@ -376,9 +392,8 @@ class DockerEnvironment(BaseEnvironment):
         )
         for item in containers:
             if is_expired(item.get("Labels") or {}, owner, now):
-                with contextlib.suppress(NotFound):
-                    await idempotent(tokens, client.api.remove_container, item["Id"], force=True)
-                    removed.append(f"container {item['Names'][0].lstrip('/')}")
+                await discard_container(client, tokens, item["Id"])
+                removed.append(f"container {item['Names'][0].lstrip('/')}")
         networks: list[dict[str, Any]] = await idempotent(
             tokens, client.api.networks, filters={"label": f"{OWNER}={owner}"}
         )
@@ -388,3 +403,27 @@ class DockerEnvironment(BaseEnvironment):
                     await idempotent(tokens, client.api.remove_network, item["Id"])
                     removed.append(f"network {item['Name']}")
         return removed
+
+
+async def _running(
+    client: Engine,
+    tokens: int,
+    name: str,
+    labels: dict[str, str],
+    what: str,
+    otherwise: str = "",
+) -> dict[str, Any]:
+    """The started container `name`, or a ProviderError saying why it already ended."""
+    try:
+        info: dict[str, Any] = await idempotent(tokens, client.api.inspect_container, name)
+        state: dict[str, Any] = info["State"]
+    except NotFound:  # it ended and the engine removed it (auto-remove)
+        info, state = {}, {}
+    if state.get("Running"):
+        return info
+    if int(labels[EXPIRES_AT]) <= time.time():
+        raise ProviderError(f"the sandbox's lifetime ended while it opened ({what})")
+    raise ProviderError(
+        f"{what} exited at once (code {state.get('ExitCode', 'unknown')}); it needs `sh`, "
+        f"`date` and `sleep` {otherwise}".strip()
+    )

@@ -7,6 +7,7 @@ interrupted half-way (cancellation in the worker thread) can never leak.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import random
 from typing import Any
@@ -50,10 +51,24 @@ async def remove_container(client: Engine, tokens: int, name: str, session_id: s
         return
     if not _owned_by(info["Config"].get("Labels"), session_id):
         raise ProviderError(f"container {name!r} is not session {session_id}'s; left alone")
+    await discard_container(client, tokens, info["Id"])
+
+
+async def discard_container(client: Engine, tokens: int, container_id: str) -> None:
+    """Remove a container by id and return once it is gone.
+
+    A container whose lifetime just ended is already removing itself (auto-remove): the
+    engine refuses a second removal (409), so this waits for that one instead.
+    """
     try:
-        await idempotent(tokens, client.api.remove_container, info["Id"], force=True, v=True)
+        await idempotent(tokens, client.api.remove_container, container_id, force=True, v=True)
     except NotFound:
         return
+    except APIError as exc:
+        if exc.status_code != 409:
+            raise
+        with contextlib.suppress(NotFound):
+            await call(tokens, client.api.wait, container_id, condition="removed")
 
 
 async def remove_network(

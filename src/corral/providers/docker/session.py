@@ -270,6 +270,7 @@ async def _resolver(session: DockerSession) -> AsyncGenerator[str]:
             network_mode=s.network,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
+            auto_remove=True,  # gone by itself after its `sleep`, should corral die
         )
         await call(
             s.tokens,

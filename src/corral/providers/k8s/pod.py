@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import anyio
@@ -89,8 +90,9 @@ def manifest(
         "runtimeClassName": cfg.runtime_class_name,
         "serviceAccountName": cfg.service_account,
     }
-    if plan.timeouts.max_lifetime_s:
-        spec["activeDeadlineSeconds"] = int(plan.timeouts.max_lifetime_s)
+    # The kubelet ends the Pod at its lifetime even if corral died; `corral gc` deletes it.
+    lifetime = plan.timeouts.max_lifetime_s or cfg.default_lifetime_s
+    spec["activeDeadlineSeconds"] = math.ceil(lifetime)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
