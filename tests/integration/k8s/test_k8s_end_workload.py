@@ -75,7 +75,10 @@ async def test_nothing_from_the_run_phase_survives_into_evaluation(
     async with TaskRun(env, ExecutionPlan(image=TEST_IMAGE, network=schedule)) as run:
         async with run.running() as session:
             assert isinstance(session, KubernetesSession)
-            started = await session.exec(start_loops({**LAUNCH, **AS_USER}, COUNTERS))
+            shared = await session.exec(f"mkdir -p {COUNTERS} && chmod 1777 {COUNTERS}")
+            assert shared.ok, shared.stderr
+            launch = {**LAUNCH, **AS_USER}
+            started = await session.exec(start_loops({n: launch[n] for n in names}, COUNTERS))
             assert started.ok, started.stderr
             first = await counters(session, names)
             await anyio.sleep(1)
