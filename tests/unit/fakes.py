@@ -12,6 +12,7 @@ import anyio
 from corral.core.environment import BaseEnvironment
 from corral.core.plan import ExecutionPlan
 from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback
+from corral.errors import WorkloadNotStopped
 from corral.network.policy import NetworkMode, NetworkPolicy
 from corral.network.targets import EntryType
 
@@ -48,19 +49,22 @@ class FakeSession(EnvironmentSession):
     async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None:
         raise NotImplementedError
 
-    async def _end_workload(self) -> None:
-        self.fake.applied.append((self.id, "end-workload"))
-
     async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
         if self.fake.hang_switch and policy.network_mode is not NetworkMode.NO_NETWORK:
             await anyio.sleep_forever()
         if policy.network_mode in self.fake.fail_modes:
             raise RuntimeError(f"cannot apply {policy.network_mode.value}")
-        self.fake.applied.append((self.id, policy.network_mode.value))
+        self.fake.calls.append((self.id, policy.network_mode.value))
+
+    async def _end_workload(self) -> None:
+        self.fake.calls.append((self.id, "end_workload"))
+        if self.fake.workload_survives:
+            raise WorkloadNotStopped("a process survived")
 
 
 class FakeEnvironment(BaseEnvironment):
-    """Creates `steps` named resources; can fail or hang at a given step."""
+    """Creates `steps` named resources; can fail or hang at a given step, fail to apply
+    some modes, or fail to end a phase's processes."""
 
     id: ClassVar[str] = "fake"
     supported_network_modes = frozenset(NetworkMode)
@@ -76,14 +80,17 @@ class FakeEnvironment(BaseEnvironment):
         fail_at: int | None = None,
         hang_at: int | None = None,
         fail_modes: frozenset[NetworkMode] = frozenset(),
+        workload_survives: bool = False,
     ) -> None:
         super().__init__()
         self.steps = steps
         self.fail_at = fail_at
         self.hang_at = hang_at
         self.fail_modes = fail_modes
+        self.workload_survives = workload_survives
         self.live: set[str] = set()
-        self.applied: list[tuple[str, str]] = []
+        # (session id, mode applied or "end_workload"), in call order.
+        self.calls: list[tuple[str, str]] = []
         self.hang_switch = False
         self.concurrent = 0
         self.max_seen = 0

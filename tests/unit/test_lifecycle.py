@@ -4,6 +4,7 @@ import anyio
 import pytest
 
 from corral import EnvironmentSession, ExecutionPlan, NetworkMode, NetworkSchedule, TaskRun
+from corral.errors import WorkloadNotStopped
 from tests.unit.fakes import FakeEnvironment
 
 pytestmark = pytest.mark.anyio
@@ -39,6 +40,45 @@ async def test_reused_evaluation_baseline_run_evaluation_baseline() -> None:
         (sid, "baseline", "public"),
     ]
     assert env.live == set()
+
+
+async def test_the_run_phase_ends_before_evaluation_and_before_the_restore() -> None:
+    env = FakeEnvironment()
+
+    async def grade(session: EnvironmentSession) -> None:
+        env.calls.append((session.id, "grade"))
+
+    async with TaskRun(env, PLAN) as run:
+        async with run.running():
+            pass
+        await run.evaluate(grade)
+        sid = run.session.id
+    assert env.calls == [
+        (sid, "no-network"),
+        (sid, "end_workload"),
+        (sid, "allowlist"),
+        (sid, "grade"),
+        (sid, "end_workload"),
+        (sid, "public"),
+    ]
+
+
+async def test_processes_that_survive_stop_the_evaluation_and_close_the_sandbox() -> None:
+    env = FakeEnvironment(workload_survives=True)
+    graded: list[str] = []
+
+    async def grade(session: EnvironmentSession) -> None:
+        graded.append(session.id)
+
+    async with TaskRun(env, PLAN) as run:
+        async with run.running():
+            pass
+        with pytest.raises(WorkloadNotStopped, match="a process survived"):
+            await run.evaluate(grade)
+        assert run.session.closed
+        assert env.live == set()
+    assert graded == []
+    assert [mode for _, mode in env.calls] == ["no-network", "end_workload"]
 
 
 async def test_fresh_evaluation_uses_a_second_sandbox() -> None:
@@ -135,19 +175,19 @@ async def test_the_workload_ends_before_evaluation_and_before_the_restore() -> N
     env = FakeEnvironment()
 
     async def grade(session: EnvironmentSession) -> None:
-        env.applied.append((session.id, "grading"))
+        env.calls.append((session.id, "grading"))
 
     async with TaskRun(env, PLAN) as run:
         async with run.running():
             pass
         await run.evaluate(grade)
         sid = run.session.id
-    assert [step for s, step in env.applied if s == sid] == [
+    assert [step for s, step in env.calls if s == sid] == [
         "no-network",
-        "end-workload",
+        "end_workload",
         "allowlist",
         "grading",
-        "end-workload",
+        "end_workload",
         "public",
     ]
 

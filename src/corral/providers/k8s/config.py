@@ -104,6 +104,17 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
         le=65535,
         description="port on the node the probe aims at when the policy leaves it forbidden",
     )
+    probe_image: str = Field(
+        default="corral.local/holder:bookworm",
+        description="corral's own image (busybox) for the containers corral adds to a sandbox "
+        "Pod, such as the reaper that ends a phase's processes",
+    )
+    end_workload_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds to kill a phase's processes and show them gone (the reaper "
+        "container included) before the session is closed",
+    )
     output_limit_bytes: int = Field(
         default=DEFAULT_OUTPUT_LIMIT, ge=1024, description="bytes of stdout/stderr kept per exec"
     )

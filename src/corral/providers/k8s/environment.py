@@ -31,6 +31,7 @@ from corral.providers.k8s.api import Api, call, connect, explain, idempotent, st
 from corral.providers.k8s.config import KubernetesConfig
 from corral.providers.k8s.execution import Target, run_exec
 from corral.providers.k8s.pod import READY_FILE, manifest, wait_running
+from corral.providers.k8s.reaper import Reaper
 from corral.providers.k8s.session import KubernetesSession
 
 
@@ -132,6 +133,9 @@ class KubernetesEnvironment(BaseEnvironment):
             workdir=pod.spec.containers[0].working_dir or "/",
             output_limit=cfg.output_limit_bytes,
             default_timeout=plan.timeouts.operation_s,
+            reaper=Reaper(
+                target, cfg.probe_image, cfg.image_pull_policy, cfg.end_workload_timeout_s
+            ),
         )
         session.image = image
         try:

@@ -15,12 +15,22 @@ from corral.providers.k8s.config import KubernetesConfig
 
 CONTAINER = "sandbox"
 READY_FILE = "/tmp/.corral-ready"
+_IDLE_FIFO = "/tmp/.corral-idle"
 # The workload's own command starts only once corral has applied and verified the
-# baseline policy (it writes READY_FILE); until then nothing in the Pod talks.
-_GATE = f'until [ -e {READY_FILE} ]; do sleep 0.1; done; exec "$@"'
-_IDLE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
+# baseline policy (it writes READY_FILE); until then nothing in the Pod talks. Without a
+# plan.command this shell stays PID 1 and idles reading a FIFO it holds open itself: once
+# the gate is open it never forks or execs, so after the reaper has killed every other
+# process nothing comes back (not even through a /bin/sleep the agent replaced). The FIFO
+# is made before the gate opens, while the image is still as built; ignoring SIGCHLD lets
+# the kernel reap the orphans PID 1 inherits.
+_GATE = (
+    f"mkfifo -m 600 {_IDLE_FIFO} && exec 3<>{_IDLE_FIFO} && rm {_IDLE_FIFO} || exit 1; "
+    f"until [ -e {READY_FILE} ]; do sleep 0.1; done; "
+    '[ $# -eq 0 ] || exec "$@" 3<&-; '
+    "trap 'exit 0' TERM; trap '' CHLD; while :; do read -r _ <&3; done"
+)
 
-_FATAL_WAITING = {
+FATAL_WAITING = {
     "ErrImagePull",
     "ImagePullBackOff",
     "ErrImageNeverPull",
@@ -63,7 +73,7 @@ def manifest(
     cfg: KubernetesConfig,
     labels: dict[str, str],
 ) -> dict[str, Any]:
-    command = ["sh", "-c", _GATE, "sh", *(plan.command or ["sh", "-c", _IDLE])]
+    command = ["sh", "-c", _GATE, "sh", *(plan.command or [])]
     security = cfg.security_context.manifest(cfg.unsafe_capabilities)
     if cfg.run_as_user is not None:
         security["runAsUser"] = cfg.run_as_user
@@ -112,13 +122,13 @@ def _fatal(pod: Any, image: str) -> str | None:
     for container in containers:
         state: Any = container.state
         waiting: Any = state.waiting if state else None
-        if waiting is not None and waiting.reason in _FATAL_WAITING:
+        if waiting is not None and waiting.reason in FATAL_WAITING:
             return f"{waiting.reason} for image {image!r}: {waiting.message or ''}".strip()
         terminated: Any = state.terminated if state else None
         if terminated is not None:
             return (
                 f"container exited with code {terminated.exit_code} ({terminated.reason}); "
-                "the image needs `sh` and `sleep`, or a plan.command that keeps running"
+                "the image needs `sh`, `sleep` and `mkfifo`, or a plan.command that keeps running"
             )
     if status.phase in ("Failed", "Succeeded"):
         return f"Pod ended in phase {status.phase}: {status.reason or ''} {status.message or ''}"

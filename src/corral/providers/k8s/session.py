@@ -33,6 +33,7 @@ from corral.providers.k8s.execution import (
     run_exec,
 )
 from corral.providers.k8s.forward import PortForwarder
+from corral.providers.k8s.reaper import Reaper
 
 MISSING = 44
 IS_DIR = 45
@@ -68,6 +69,7 @@ class KubernetesSession(EnvironmentSession):
         workdir: str,
         output_limit: int,
         default_timeout: float | None,
+        reaper: Reaper,
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.target = target
@@ -82,6 +84,7 @@ class KubernetesSession(EnvironmentSession):
         self.default_timeout = default_timeout
         self.last_enforced_s = 0.0
         self.forwards: dict[int, PortForwarder] = {}
+        self.reaper = reaper
 
     async def endpoint(self, port: int) -> str | None:
         """A URL on 127.0.0.1 forwarded to `port` in the Pod, open until close()."""
@@ -248,3 +251,6 @@ class KubernetesSession(EnvironmentSession):
         self.last_enforced_s = await enforcement.verify(
             self.target, policy, resolved, self.probe_candidates, self.verify_timeout_s
         )
+
+    async def _end_workload(self) -> None:
+        await self.reaper.end_workload()

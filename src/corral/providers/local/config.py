@@ -25,6 +25,12 @@ class LocalConfig(RuntimeEnvironmentConfig):
     output_limit_bytes: int = Field(
         default=DEFAULT_OUTPUT_LIMIT, ge=1024, description="bytes of stdout/stderr kept per exec"
     )
+    end_workload_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="seconds a phase's processes get to die after the session cgroup is "
+        "killed before the session is closed",
+    )
 
     @field_validator("root_dir")
     @classmethod

@@ -3,7 +3,9 @@
 It runs commands as process trees on this host. It is not a security boundary for the
 filesystem: a command can read and write anything the host user can. Its one enforced
 network restriction is `no-network`, through a fresh network namespace per exec, and it
-is declared only where a probe shows the host allows one.
+is declared only where a probe shows the host allows one. Where the host lets corral make
+a cgroup (root), every exec of a session runs in the session's own, which `end_workload`
+and `close` empty.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from corral.core.labels import new_session_id
 from corral.core.plan import ExecutionPlan
 from corral.core.redact import plain_env
 from corral.core.session import EnvironmentSession
+from corral.errors import FeatureUnsupported
 from corral.network.capabilities import NetworkCapabilities
 from corral.network.policy import NetworkMode
+from corral.providers.local.cgroup import SessionCgroup
 from corral.providers.local.config import LocalConfig
 from corral.providers.local.netns import netns_available
 from corral.providers.local.session import LocalSession
@@ -69,6 +73,13 @@ class LocalEnvironment(BaseEnvironment):
             "TMPDIR": str(tmp_dir),
             **plain_env(plan.env),
         }
+        cgroup: SessionCgroup | FeatureUnsupported
+        try:
+            cgroup = await anyio.to_thread.run_sync(SessionCgroup.create, f"corral-{session_id}")
+        except FeatureUnsupported as exc:
+            cgroup = exc
+        else:
+            owned.push_async_callback(cgroup.remove, self.config.end_workload_timeout_s)
         session = LocalSession(
             id=session_id,
             policy=plan.network.baseline,
@@ -77,6 +88,8 @@ class LocalEnvironment(BaseEnvironment):
             env=env,
             default_timeout=plan.timeouts.operation_s,
             output_limit=self.config.output_limit_bytes,
+            cgroup=cgroup,
+            end_workload_timeout_s=self.config.end_workload_timeout_s,
         )
         session.image = "host"
         return session

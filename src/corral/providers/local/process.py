@@ -3,6 +3,9 @@
 The group leader is waited for without being reaped (`waitid(WNOWAIT)` on a pidfd), so
 its pid, and with it the group id, cannot be reused until corral has killed the group.
 That makes the kill exact: it can only hit processes this exec started.
+
+With a session cgroup, the command first stops itself (`_HOLD`) until corral has moved it
+into that cgroup, so nothing it runs ever starts outside it.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from corral.core.session import (
     Stream,
 )
 from corral.errors import ProviderError
+from corral.providers.local.cgroup import SessionCgroup
 
 READ_SIZE = 64 * 1024
 DRAIN_AFTER_EXIT_S = 2.0
+_HOLD = 'kill -STOP $$ && exec "$@"'
 
 
 async def run_process(
@@ -40,8 +45,11 @@ async def run_process(
     stdin: bytes | None,
     on_output: OutputCallback | None,
     output_limit: int,
+    cgroup: SessionCgroup | None,
 ) -> ExecResult:
     started = time.monotonic()
+    if cgroup is not None:
+        args = ["sh", "-c", _HOLD, "sh", *args]
     try:
         proc = await anyio.to_thread.run_sync(
             lambda: subprocess.Popen(
@@ -64,6 +72,8 @@ async def run_process(
     pidfd = os.pidfd_open(proc.pid)
     timed_out = False
     try:
+        if cgroup is not None:
+            await _place(proc.pid, cgroup)
         async with anyio.create_task_group() as readers:
             readers.start_soon(_pump, proc.stdout.fileno(), "stdout", capture)
             readers.start_soon(_pump, proc.stderr.fileno(), "stderr", capture)
@@ -97,6 +107,18 @@ def _not_found(exc: FileNotFoundError, started: float) -> ExecResult:
         stderr=f"{exc.filename or exc}: command not found\n",
         duration_s=time.monotonic() - started,
     )
+
+
+async def _place(pid: int, cgroup: SessionCgroup) -> None:
+    """Once `_HOLD` has stopped itself, move it into the cgroup and let it go on."""
+    # WNOWAIT: only look; the exit, if it came first, is still there for _wait_exit.
+    info = await anyio.to_thread.run_sync(
+        os.waitid, os.P_PID, pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT
+    )
+    if info is None or info.si_code != os.CLD_STOPPED:
+        return
+    cgroup.join(pid)
+    os.kill(pid, signal.SIGCONT)
 
 
 async def _wait_exit(pidfd: int, pid: int) -> None:

@@ -10,8 +10,9 @@ import anyio
 from corral.core.paths import resolve_within
 from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
 from corral.core.tarsafe import extract_tar, pack_dir
-from corral.errors import ConfigError, RemotePathNotFound
+from corral.errors import ConfigError, FeatureUnsupported, RemotePathNotFound
 from corral.network.policy import NetworkMode, NetworkPolicy
+from corral.providers.local.cgroup import SessionCgroup
 from corral.providers.local.netns import isolated
 from corral.providers.local.process import run_process
 
@@ -27,6 +28,8 @@ class LocalSession(EnvironmentSession):
         env: dict[str, str],
         default_timeout: float | None,
         output_limit: int,
+        cgroup: SessionCgroup | FeatureUnsupported,
+        end_workload_timeout_s: float,
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.workspace = workspace
@@ -35,6 +38,9 @@ class LocalSession(EnvironmentSession):
         self._env = env
         self._default_timeout = default_timeout
         self.output_limit = output_limit
+        # Every exec joins the cgroup; where none could be made, this says why.
+        self.cgroup = cgroup
+        self._end_workload_timeout_s = end_workload_timeout_s
 
     def resolve_tmp_path(self, relative: str) -> Path:
         """A path inside the session's tmp dir; absolute paths and `..` are refused."""
@@ -72,7 +78,13 @@ class LocalSession(EnvironmentSession):
             stdin=stdin.encode() if isinstance(stdin, str) else stdin,
             on_output=on_output,
             output_limit=self.output_limit,
+            cgroup=self.cgroup if isinstance(self.cgroup, SessionCgroup) else None,
         )
+
+    async def _end_workload(self) -> None:
+        if not isinstance(self.cgroup, SessionCgroup):
+            raise FeatureUnsupported(str(self.cgroup))
+        await self.cgroup.kill(self._end_workload_timeout_s)
 
     async def upload(self, local: str | Path, remote: str) -> None:
         target = self._path(remote)
