@@ -30,7 +30,8 @@ _CONTROL_PORTS = (20000, 32000)
 # its -e program (which prints the token and closes, so a server that never closes cannot
 # hang it). A failed dial means "refused" only if the same `dial` reaches a listener of
 # its own on loopback right after: a dialler that cannot connect at all (no ports left,
-# no nc) proves nothing, and says so.
+# no nc) proves nothing, and says so. busybox connects blocking, so where the CNI rejects
+# with ICMP (kube-router) the refusal shows at the first SYN retransmit, about 1 s.
 DIAL_SCRIPT = (
     'busybox nc -l -p "$1" </dev/null >/dev/null 2>&1 & listener=$!; '
     'dial() { busybox nc -w 2 "$1" "$2" -e sh -c \'echo corral-dial-open >&2\' '
