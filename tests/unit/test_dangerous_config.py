@@ -34,7 +34,7 @@ def test_capabilities_outside_the_safe_set_need_an_opt_in(cap: str) -> None:
     docker = DockerConfig(unsafe_capabilities=(cap,))
     assert docker.opt_ins() == {"unsafe_capabilities": cap.upper().removeprefix("CAP_")}
     k8s = KubernetesConfig(unsafe_capabilities=(cap,))
-    body = manifest("n", "img", ExecutionPlan(image="img"), k8s, {})
+    body = manifest("n", "img", ExecutionPlan(image="img"), k8s, {}, ())
     added = body["spec"]["containers"][0]["securityContext"]["capabilities"]["add"]
     assert added[-1] == cap.upper().removeprefix("CAP_")
 
@@ -173,9 +173,9 @@ def test_security_context_allowlist_reaches_the_pod() -> None:
             }
         }
     )
-    context = manifest("n", "img", ExecutionPlan(image="img"), cfg, {})["spec"]["containers"][0][
-        "securityContext"
-    ]
+    context = manifest("n", "img", ExecutionPlan(image="img"), cfg, {}, ())["spec"]["containers"][
+        0
+    ]["securityContext"]
     assert context == {
         "runAsUser": 1000,
         "runAsGroup": 1000,
@@ -191,7 +191,7 @@ def test_security_context_allowlist_reaches_the_pod() -> None:
 
 def test_the_pod_never_shares_the_node_and_mounts_no_token_by_default() -> None:
     cfg = KubernetesConfig(service_account="builder")
-    spec = manifest("n", "img", ExecutionPlan(image="img"), cfg, {})["spec"]
+    spec = manifest("n", "img", ExecutionPlan(image="img"), cfg, {}, ())["spec"]
     assert spec["automountServiceAccountToken"] is False
     host = {"hostNetwork", "hostPID", "hostIPC", "hostUsers", "volumes", "securityContext"}
     assert host.isdisjoint(spec)
@@ -205,7 +205,7 @@ def test_the_pod_never_shares_the_node_and_mounts_no_token_by_default() -> None:
         "resources",
     }
     token = KubernetesConfig(service_account="builder", unsafe_service_account_token=True)
-    assert manifest("n", "img", ExecutionPlan(image="img"), token, {})["spec"][
+    assert manifest("n", "img", ExecutionPlan(image="img"), token, {}, ())["spec"][
         "automountServiceAccountToken"
     ]
     assert token.opt_ins() == {"unsafe_service_account_token": "True"}

@@ -23,7 +23,7 @@ def test_the_docker_timer_sleeps_until_the_deadline_at_every_start() -> None:
 
 def test_every_pod_has_a_deadline() -> None:
     cfg = KubernetesConfig(default_lifetime_s=90.5)
-    default = manifest("n", "img", ExecutionPlan(image="img"), cfg, {})
+    default = manifest("n", "img", ExecutionPlan(image="img"), cfg, {}, ())
     assert default["spec"]["activeDeadlineSeconds"] == 91
     short = ExecutionPlan(image="img", timeouts=Timeouts(max_lifetime_s=8))
-    assert manifest("n", "img", short, cfg, {})["spec"]["activeDeadlineSeconds"] == 8
+    assert manifest("n", "img", short, cfg, {}, ())["spec"]["activeDeadlineSeconds"] == 8

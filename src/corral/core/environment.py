@@ -39,6 +39,10 @@ class BaseEnvironment(abc.ABC):
     supported_allowlist_entry_types: ClassVar[frozenset[EntryType]] = frozenset()
     supports_network_target_ports: ClassVar[bool] = False
     supports_dynamic_network_policy: ClassVar[bool] = False
+    #: Whether a sandbox refuses every connection another sandbox opens to it, in every
+    #: mode. A provider whose sessions share one network (`local`) declares False; the
+    #: conformance suite holds every other provider to it.
+    isolates_sessions: ClassVar[bool] = True
     max_concurrent_opens: ClassVar[int] = 16
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

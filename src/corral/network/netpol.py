@@ -1,4 +1,4 @@
-"""Render a policy as a Kubernetes NetworkPolicy manifest (egress only)."""
+"""Render a policy as a Kubernetes NetworkPolicy manifest."""
 
 from __future__ import annotations
 
@@ -23,9 +23,13 @@ def render_network_policy(
 ) -> dict[str, Any]:
     """A `networking.k8s.io/v1` NetworkPolicy selecting the sandbox Pod by `selector`.
 
-    Every mode, `public` included, is an Egress policy, so that switching is a patch of
-    one object and never a create or delete. Every CIDR is written by `rule_text`, so
-    nothing but an address block reaches the manifest from the policy.
+    Every mode, `public` included, is one policy of both types, so that switching is a
+    patch of one object and never a create or delete. Every CIDR is written by
+    `rule_text`, so nothing but an address block reaches the manifest from the policy.
+    Ingress has no rule in any mode: no other Pod (another sandbox included) may open a
+    connection into a sandbox. Replies to the sandbox's own connections are not ingress,
+    and `endpoint(port)` arrives through the kubelet's port-forward on the Pod's
+    loopback, which no NetworkPolicy filters.
     """
     rules = address_rules(policy, resolved)
     mode = policy.network_mode
@@ -46,7 +50,8 @@ def render_network_policy(
         "metadata": {"name": name, "labels": dict(labels or {})},
         "spec": {
             "podSelector": {"matchLabels": dict(selector)},
-            "policyTypes": ["Egress"],
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
             "egress": egress,
         },
     }

@@ -10,9 +10,11 @@ refused at `open()`.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import secrets
+import shlex
 import time
 from pathlib import Path
 
@@ -40,6 +42,7 @@ __all__ = [
     "test_conformance_network_mode",
     "test_conformance_nonzero_exit_is_a_result",
     "test_conformance_output_is_bounded",
+    "test_conformance_sessions_are_isolated",
     "test_conformance_stdin",
     "test_conformance_streaming_output",
     "test_conformance_timeout_kills_children",
@@ -380,6 +383,71 @@ async def test_conformance_network_mode(
         NetworkMode.DENYLIST: (True, False),
     }[mode]
     assert (reach_first, reach_second) == expected, f"{mode.value} not enforced"
+
+
+async def _own_addresses(sandbox: EnvironmentSession) -> list[str]:
+    """The sandbox's addresses as it sees them itself (`ip`, else `hostname -i`)."""
+    result = await sandbox.exec("ip -o addr show scope global 2>/dev/null || hostname -i")
+    found: list[str] = []
+    for word in result.stdout.split():
+        try:
+            found.append(str(ipaddress.ip_interface(word).ip))
+        except ValueError:
+            continue
+    return list(dict.fromkeys(found))
+
+
+async def _answers(
+    sandbox: EnvironmentSession, connect: ConnectCommand, target: EgressTarget, tries: int
+) -> bool:
+    """Whether `target` answers within `tries` attempts (a one-shot listener restarts)."""
+    for _ in range(tries):
+        if await _reaches(sandbox, connect, target):
+            return True
+        await anyio.sleep(0.2)
+    return False
+
+
+@anyio_mark
+async def test_conformance_sessions_are_isolated(
+    corral_environment: BaseEnvironment,
+    corral_plan: ExecutionPlan,
+    corral_connect_command: ConnectCommand,
+    corral_serve_command: ServeCommand,
+) -> None:
+    """A sandbox accepts no connection from another sandbox, even when both are `public`."""
+    if not corral_environment.isolates_sessions:
+        pytest.skip(
+            f"provider {corral_environment.id!r} declares isolates_sessions = False: "
+            "its sessions share one network"
+        )
+    port = 18_090
+    serve = shlex.join(corral_serve_command(port, "ok"))
+    stop = ".corral-isolation-stop"
+    async with (
+        corral_environment.session(corral_plan) as server,
+        corral_environment.session(corral_plan) as client,
+    ):
+        addresses = await _own_addresses(server)
+        assert addresses, "the listening sandbox shows no address of its own"
+        listener = EgressTarget(addresses[0], port)
+        reached: list[str] = []
+        still = False
+        async with anyio.create_task_group() as tg:
+            loop = f"until [ -e {stop} ]; do {serve}; done"
+            tg.start_soon(lambda: server.exec(loop, timeout=120))
+            # The listener answers on its own address: a refusal below is the isolation's.
+            if not await _answers(server, corral_connect_command, listener, tries=100):
+                pytest.fail(f"the listener never answered on {listener} in its own sandbox")
+            for address in addresses:
+                target = EgressTarget(address, port)
+                if await _answers(client, corral_connect_command, target, tries=3):
+                    reached.append(address)
+            await server.exec(["touch", stop])
+            # This last connection also lets the listener's loop see `stop` and end.
+            still = await _answers(server, corral_connect_command, listener, tries=50)
+    assert reached == [], f"another sandbox connected to {reached} port {port}"
+    assert still, "the listener stopped answering in its own sandbox during the check"
 
 
 @anyio_mark

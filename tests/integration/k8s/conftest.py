@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from corral.providers.k8s import KubernetesConfig, KubernetesEnvironment
-from corral.providers.k8s.api import connect
+from corral.providers.k8s.api import connect, status_of
 from tests.integration.conftest import unavailable
 
 DEFAULT_KUBECONFIG = "/var/lib/corral-cluster/admin.kubeconfig"
 TEST_IMAGE = os.environ.get("CORRAL_K8S_TEST_IMAGE", "corral.local/test:bookworm")
+PROBE_IMAGE = os.environ.get("CORRAL_K8S_PROBE_IMAGE", "corral.local/holder:bookworm")
 
 
 def kubeconfig() -> str:
@@ -61,6 +63,15 @@ def namespace(cluster: Any) -> Iterator[str]:
     assert leaked == [], f"corral objects left in {name}: {leaked}"
 
 
+def ensure_namespace(cluster: Any, name: str) -> None:
+    """The run's namespace, for objects a test makes before any session did."""
+    try:
+        cluster.core.create_namespace({"metadata": {"name": name}})
+    except ApiException as exc:
+        if status_of(exc) != 409:
+            raise
+
+
 def env_config(namespace: str, **overrides: Any) -> dict[str, Any]:
     """The test config of a `k8s` environment, as JSON-ready parameters."""
     return {
@@ -68,6 +79,7 @@ def env_config(namespace: str, **overrides: Any) -> dict[str, Any]:
         "namespace": namespace,
         "create_namespace": True,
         "image_pull_policy": "Never",
+        "probe_image": PROBE_IMAGE,
         **overrides,
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any, ClassVar, Literal
 
@@ -10,6 +11,7 @@ from pydantic import Field, field_validator
 from corral.core.config import RuntimeEnvironmentConfig
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
 from corral.core.privileges import UnsafeCapabilities
+from corral.network.targets import EntryType, normalize_host
 from corral.providers.k8s.security import SecurityContext
 
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
@@ -48,7 +50,7 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
         "logged at every open",
     )
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
-        default="IfNotPresent", description="imagePullPolicy of the sandbox container"
+        default="IfNotPresent", description="imagePullPolicy of the sandbox and probe containers"
     )
     node_selector: dict[str, str] = Field(
         default_factory=dict[str, str], description="node labels the Pod must match"
@@ -106,14 +108,29 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
     )
     probe_image: str = Field(
         default="corral.local/holder:bookworm",
-        description="corral's own image (busybox) for the containers corral adds to a sandbox "
-        "Pod, such as the reaper that ends a phase's processes",
+        min_length=1,
+        description="corral's own image (busybox with nc and xxd, tini) for the containers "
+        "corral adds to a sandbox Pod: the `corral-probe` container, where the policy probe "
+        "and corral's DNS queries run out of the workload's reach (it shares only the Pod's "
+        "network namespace), and the reaper that ends a phase's processes",
     )
     end_workload_timeout_s: float = Field(
         default=60.0,
         gt=0,
         description="seconds to kill a phase's processes and show them gone (the reaper "
         "container included) before the session is closed",
+    )
+    host_aliases: dict[str, str] = Field(
+        default_factory=dict[str, str],
+        description="hostname -> IP address entries owned by the harness: written to the "
+        "Pod's hostAliases and used by corral before DNS when it resolves a policy",
+    )
+    dns_servers: tuple[str, ...] | None = Field(
+        default=None,
+        description="IP addresses of the Pod's resolvers (dnsPolicy None), the only ones "
+        "corral queries and lets DNS through to; default: the ClusterIP of the "
+        "kube-system/kube-dns Service when there is one, else none (hostnames then resolve "
+        "only through host_aliases)",
     )
     output_limit_bytes: int = Field(
         default=DEFAULT_OUTPUT_LIMIT, ge=1024, description="bytes of stdout/stderr kept per exec"
@@ -149,3 +166,34 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
         if value is not None and not _QUANTITY.match(value):
             raise ValueError(f"resource quantity {value!r} is not valid (e.g. 500m, 2, 256Mi)")
         return value
+
+    @field_validator("host_aliases")
+    @classmethod
+    def _host_aliases(cls, value: dict[str, str]) -> dict[str, str]:
+        aliases: dict[str, str] = {}
+        for name, address in value.items():
+            host, kind = normalize_host(name)
+            if kind is not EntryType.HOSTNAME:
+                raise ValueError(f"host_aliases key {name!r} is not a hostname")
+            try:
+                aliases[host] = str(ipaddress.ip_address(address))
+            except ValueError:
+                raise ValueError(
+                    f"host_aliases[{name!r}] = {address!r} is not an IP address"
+                ) from None
+        return aliases
+
+    @field_validator("dns_servers")
+    @classmethod
+    def _dns_servers(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        if len(value) > 3:
+            raise ValueError(f"dns_servers {list(value)} lists more than the 3 a Pod can have")
+        servers: list[str] = []
+        for server in value:
+            try:
+                servers.append(str(ipaddress.ip_address(server)))
+            except ValueError:
+                raise ValueError(f"dns_servers entry {server!r} is not an IP address") from None
+        return tuple(servers)

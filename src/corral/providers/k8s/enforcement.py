@@ -1,62 +1,57 @@
 """NetworkPolicy objects for a session, and the probe that checks the CNI enforces them.
 
 Many CNIs do not enforce NetworkPolicy, or fail open (kind's kindnetd does). So after
-every apply a destination the policy forbids is dialled from inside the Pod until it is
-refused; if it still answers after `verify_timeout_s`, the policy is not enforced.
+every apply a destination the policy forbids is dialled from the Pod's `corral-probe`
+container until it is refused; if it still answers after `verify_timeout_s`, the policy
+is not enforced. Hostnames are resolved from that container too, by corral's own DNS
+queries to the resolvers corral chose, after the harness's `host_aliases`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
 from kubernetes.client.exceptions import ApiException
 
-from corral.core.output import DEFAULT_OUTPUT_LIMIT
 from corral.errors import NetworkPolicyNotEnforced, ProviderError
+from corral.network.dns import Answer, resolve_names
 from corral.network.netpol import render_network_policy
 from corral.network.policy import NetworkPolicy
 from corral.network.probe import forbidden_probe
-from corral.network.resolve import GETENT_SCRIPT, Resolution, parse_getent, resolve_policy
+from corral.network.resolve import Resolution, resolve_policy
 from corral.network.targets import EntryType, IPAddress
+from corral.providers.k8s import probe
 from corral.providers.k8s.api import call, explain, idempotent
-from corral.providers.k8s.execution import Target, run_exec
-
-_DIAL = 'nc -w 2 "$1" "$2" </dev/null >/dev/null 2>&1 && echo connected || echo refused'
-
-
-async def sandbox_exec(target: Target, argv: list[str], timeout: float) -> str:
-    result = await run_exec(
-        target,
-        argv,
-        cwd=None,
-        env={},
-        stdin=None,
-        timeout=timeout,
-        on_output=None,
-        output_limit=DEFAULT_OUTPUT_LIMIT,
-    )
-    return result.stdout
+from corral.providers.k8s.execution import Target
 
 
 async def resolve(
-    target: Target | None, policy: NetworkPolicy, dns: tuple[IPAddress, ...]
+    prober: Target,
+    policy: NetworkPolicy,
+    servers: Sequence[IPAddress],
+    static: Mapping[str, str],
 ) -> Resolution:
-    """Resolve the policy's hostnames inside the Pod (none to resolve: no exec at all)."""
+    """Resolve the policy's hostnames from the probe container (none: no exec at all)."""
     hosts = [t.host for t in policy.targets if t.entry_type is EntryType.HOSTNAME]
-    answers: dict[str, list[IPAddress]] = {}
+    answers: dict[str, Answer] = {}
     if hosts:
-        if target is None:
-            raise ProviderError("hostnames can only be resolved inside a running Pod")
-        answers = parse_getent(
-            await sandbox_exec(target, ["sh", "-c", GETENT_SCRIPT, "sh", *hosts], 30)
-        )
 
-    async def lookup(host: str) -> list[IPAddress]:
-        return answers.get(host, [])
+        async def run(argv: list[str], stdin: bytes) -> str:
+            return await probe.run(prober, argv, stdin)
 
-    return await resolve_policy(policy, lookup, dns)
+        try:
+            answers = await resolve_names(hosts, servers=servers, run=run, static=static)
+        except ValueError as exc:
+            raise ProviderError(f"resolving the hosts of {policy}: {exc}") from None
+
+    async def lookup(host: str) -> tuple[IPAddress, ...]:
+        found = answers.get(host)
+        return found.addresses if found else ()
+
+    return await resolve_policy(policy, lookup, servers)
 
 
 def render(
@@ -91,26 +86,20 @@ async def replace_spec(
 
 
 async def verify(
-    target: Target,
+    prober: Target,
     policy: NetworkPolicy,
     resolved: Resolution,
     candidates: list[tuple[IPAddress, int]],
     timeout_s: float,
 ) -> float:
     """Dial a forbidden destination until refused; returns seconds until enforced."""
-    probe = forbidden_probe(policy, resolved, candidates)
-    if probe is None:
+    forbidden = forbidden_probe(policy, resolved, candidates)
+    if forbidden is None:
         return 0.0
-    host, port = probe
+    host, port = forbidden
     started = time.monotonic()
     deadline = started + timeout_s
-    argv = ["sh", "-c", _DIAL, "sh", str(host), str(port)]
-    while True:
-        seen = (await sandbox_exec(target, argv, 30)).strip()
-        if seen == "refused":
-            return time.monotonic() - started
-        if seen != "connected":
-            raise ProviderError(f"the policy probe could not run in the Pod (got {seen!r})")
+    while await probe.dial(prober, str(host), port):
         if time.monotonic() > deadline:
             raise NetworkPolicyNotEnforced(
                 f"{host}:{port}, which {policy} forbids, still answered {timeout_s:.0f} s "
@@ -118,3 +107,4 @@ async def verify(
                 "NetworkPolicy (or fails open)"
             )
         await anyio.sleep(0.25)
+    return time.monotonic() - started

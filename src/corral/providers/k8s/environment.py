@@ -1,9 +1,10 @@
 """The `k8s` provider.
 
 Per session: a NetworkPolicy selecting the Pod by a label unique to the session, created
-before the Pod; then the Pod, whose own command waits behind a gate until corral has
-applied and probed the baseline. The NetworkPolicy carries an ownerReference to the Pod,
-so the cluster's garbage collector removes it if corral dies.
+before the Pod; then the Pod (the sandbox container and corral's `corral-probe`), whose
+workload waits behind a gate until corral has applied and probed the baseline. The
+NetworkPolicy carries an ownerReference to the Pod, so the cluster's garbage collector
+removes it if corral dies.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from corral.core.plan import ExecutionPlan
 from corral.core.session import EnvironmentSession
 from corral.errors import ConfigError, NetworkPolicyNotEnforced, ProviderError
 from corral.network.policy import NetworkMode, NetworkPolicy
-from corral.network.resolve import Resolution, parse_resolv_conf
+from corral.network.resolve import Resolution
 from corral.network.targets import EntryType, IPAddress
-from corral.providers.k8s import enforcement
+from corral.providers.k8s import enforcement, probe
 from corral.providers.k8s.api import Api, call, connect, explain, idempotent, status_of
 from corral.providers.k8s.config import KubernetesConfig
 from corral.providers.k8s.execution import Target, run_exec
-from corral.providers.k8s.pod import READY_FILE, manifest, wait_running
+from corral.providers.k8s.pod import CONTAINER, READY_FILE, manifest, wait_running
 from corral.providers.k8s.reaper import Reaper
 from corral.providers.k8s.session import KubernetesSession
 
@@ -49,6 +50,7 @@ class KubernetesEnvironment(BaseEnvironment):
     def __init__(self, config: KubernetesConfig | None = None, **params: Any) -> None:
         super().__init__(config, **params)
         self._clients: Api | None = None
+        self._dns_servers: tuple[IPAddress, ...] | None = None
 
     async def clients(self) -> Api:
         if self._clients is None:
@@ -57,6 +59,16 @@ class KubernetesEnvironment(BaseEnvironment):
             await self._check_namespace(clients)
             self._clients = clients
         return self._clients
+
+    async def _resolvers(self) -> tuple[IPAddress, ...]:
+        """The sandbox's resolvers, chosen here and never read from inside a Pod."""
+        if self._dns_servers is None:
+            if self.config.dns_servers is not None:
+                found = self.config.dns_servers
+            else:
+                found = await _cluster_dns(await self.clients(), self.config.max_workers)
+            self._dns_servers = tuple(ipaddress.ip_address(s) for s in found)
+        return self._dns_servers
 
     async def _check_namespace(self, clients: Api) -> None:
         tokens = self.config.max_workers
@@ -88,6 +100,7 @@ class KubernetesEnvironment(BaseEnvironment):
         cfg = self.config
         tokens = cfg.max_workers
         clients = await self.clients()
+        dns = await self._resolvers()
         image = plan.require_image(self.id)
         if not isinstance(image, str):
             raise ConfigError(f"native selector {image!r} is not supported by k8s; give an image")
@@ -111,26 +124,27 @@ class KubernetesEnvironment(BaseEnvironment):
                 tokens,
                 clients.core.create_namespaced_pod,
                 namespace,
-                manifest(name, image, plan, cfg, labels),
+                manifest(name, image, plan, cfg, labels, dns),
             )
         except ApiException as exc:
             raise ProviderError(f"the API server rejected Pod {name}: {explain(exc)}") from None
         await self._own(clients, name, pod.metadata.uid, created_policy.metadata.name)
-        pod = await wait_running(clients, tokens, namespace, name, image)
-        target = Target(clients, tokens, namespace, name)
-        dns = await _dns_servers(target)
+        pod = await wait_running(clients, tokens, namespace, name)
+        target = Target(clients, tokens, namespace, name, CONTAINER)
         host_ip = ipaddress.ip_address(pod.status.host_ip)
         session = KubernetesSession(
             id=sid,
             policy=initial,
             target=target,
+            prober=target.sibling(probe.CONTAINER),
             policy_name=name,
             labels=labels,
             dns=dns,
+            host_aliases=cfg.host_aliases,
             probe_candidates=[(host_ip, cfg.probe_port)],
             verify=cfg.verify_policy == "probe",
             verify_timeout_s=cfg.verify_timeout_s,
-            workdir=pod.spec.containers[0].working_dir or "/",
+            workdir=next(c for c in pod.spec.containers if c.name == CONTAINER).working_dir or "/",
             output_limit=cfg.output_limit_bytes,
             default_timeout=plan.timeouts.operation_s,
             reaper=Reaper(
@@ -219,7 +233,18 @@ class KubernetesEnvironment(BaseEnvironment):
         return removed
 
 
-async def _dns_servers(target: Target) -> tuple[IPAddress, ...]:
-    return parse_resolv_conf(
-        await enforcement.sandbox_exec(target, ["cat", "/etc/resolv.conf"], 30)
-    )
+async def _cluster_dns(clients: Api, tokens: int) -> tuple[str, ...]:
+    """The ClusterIP of kube-system/kube-dns, or none when the cluster has no such Service."""
+    try:
+        service: Any = await idempotent(
+            tokens, clients.core.read_namespaced_service, "kube-dns", "kube-system"
+        )
+    except ApiException as exc:
+        if status_of(exc) == 404:
+            return ()
+        raise ProviderError(
+            f"reading Service kube-system/kube-dns for the sandbox's resolver: {explain(exc)}; "
+            "set dns_servers in the provider config"
+        ) from None
+    ips: list[str] = list(service.spec.cluster_i_ps or [service.spec.cluster_ip])
+    return tuple(ip for ip in ips if ip and ip != "None")

@@ -38,11 +38,16 @@ Sink = Callable[[Stream, bytes], None]
 class Target:
     """Where execs go: one container of one Pod."""
 
-    def __init__(self, clients: Api, tokens: int, namespace: str, pod: str) -> None:
+    def __init__(self, clients: Api, tokens: int, namespace: str, pod: str, container: str) -> None:
         self.clients = clients
         self.tokens = tokens
         self.namespace = namespace
         self.pod = pod
+        self.container = container
+
+    def sibling(self, container: str) -> Target:
+        """Another container of the same Pod."""
+        return Target(self.clients, self.tokens, self.namespace, self.pod, container)
 
 
 def wrapped(args: list[str], cwd: str | None, env: Mapping[str, str], marker: str) -> list[str]:
@@ -94,6 +99,7 @@ class ExecStream:
                 self.target.clients.streaming().connect_get_namespaced_pod_exec,
                 self.target.pod,
                 self.target.namespace,
+                container=self.target.container,
                 command=self.argv,
                 stdin=self.stdin is not None,
                 stdout=True,

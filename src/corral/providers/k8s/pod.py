@@ -10,6 +10,8 @@ import anyio
 from corral.core.plan import ExecutionPlan
 from corral.core.redact import plain_env
 from corral.errors import ConfigError, ProviderError
+from corral.network.targets import IPAddress
+from corral.providers.k8s import probe
 from corral.providers.k8s.api import Api, idempotent
 from corral.providers.k8s.config import KubernetesConfig
 
@@ -72,6 +74,7 @@ def manifest(
     plan: ExecutionPlan,
     cfg: KubernetesConfig,
     labels: dict[str, str],
+    dns_servers: tuple[IPAddress, ...],
 ) -> dict[str, Any]:
     command = ["sh", "-c", _GATE, "sh", *(plan.command or [])]
     security = cfg.security_context.manifest(cfg.unsafe_capabilities)
@@ -89,7 +92,7 @@ def manifest(
     if plan.workdir:
         container["workingDir"] = plan.workdir
     spec: dict[str, Any] = {
-        "containers": [container],
+        "containers": [container, probe.container(cfg)],
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 1,
         "enableServiceLinks": False,
@@ -103,6 +106,7 @@ def manifest(
     # The kubelet ends the Pod at its lifetime even if corral died; `corral gc` deletes it.
     lifetime = plan.timeouts.max_lifetime_s or cfg.default_lifetime_s
     spec["activeDeadlineSeconds"] = math.ceil(lifetime)
+    spec.update(_names(cfg, dns_servers))
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -111,7 +115,22 @@ def manifest(
     }
 
 
-def _fatal(pod: Any, image: str) -> str | None:
+def _names(cfg: KubernetesConfig, dns_servers: tuple[IPAddress, ...]) -> dict[str, Any]:
+    """The workload resolves as corral does: the harness's aliases, then corral's resolvers
+    (without search domains, so a short name means the same to both)."""
+    names: dict[str, Any] = {}
+    by_address: dict[str, list[str]] = {}
+    for host, address in cfg.host_aliases.items():
+        by_address.setdefault(address, []).append(host)
+    if by_address:
+        names["hostAliases"] = [{"ip": a, "hostnames": h} for a, h in by_address.items()]
+    if dns_servers:
+        names["dnsPolicy"] = "None"
+        names["dnsConfig"] = {"nameservers": [str(s) for s in dns_servers]}
+    return names
+
+
+def _fatal(pod: Any) -> str | None:
     status: Any = pod.status
     conditions: list[Any] = status.conditions or []
     containers: list[Any] = status.container_statuses or []
@@ -119,33 +138,43 @@ def _fatal(pod: Any, image: str) -> str | None:
         unscheduled = condition.type == "PodScheduled" and condition.status == "False"
         if unscheduled and condition.reason == "Unschedulable":
             return f"Pod cannot be scheduled: {condition.message}"
+    images: dict[str, str] = {c.name: c.image for c in pod.spec.containers}
     for container in containers:
         state: Any = container.state
+        image = images.get(container.name, container.image)
         waiting: Any = state.waiting if state else None
         if waiting is not None and waiting.reason in FATAL_WAITING:
             return f"{waiting.reason} for image {image!r}: {waiting.message or ''}".strip()
         terminated: Any = state.terminated if state else None
         if terminated is not None:
+            needs = (
+                "probe_image must keep running by its own entrypoint"
+                if container.name == probe.CONTAINER
+                else "the image needs `sh`, `sleep` and `mkfifo`, or a plan.command that "
+                "keeps running"
+            )
             return (
-                f"container exited with code {terminated.exit_code} ({terminated.reason}); "
-                "the image needs `sh`, `sleep` and `mkfifo`, or a plan.command that keeps running"
+                f"container {container.name} exited with code {terminated.exit_code} "
+                f"({terminated.reason}); {needs}"
             )
     if status.phase in ("Failed", "Succeeded"):
         return f"Pod ended in phase {status.phase}: {status.reason or ''} {status.message or ''}"
     return None
 
 
-async def wait_running(clients: Api, tokens: int, namespace: str, name: str, image: str) -> Any:
-    """Poll until the container runs; raise at once with the real cause if it never will."""
+async def wait_running(clients: Api, tokens: int, namespace: str, name: str) -> Any:
+    """Poll until every container runs; raise at once with the real cause if one never will."""
     delay = 0.05
     while True:
         pod: Any = await idempotent(tokens, clients.core.read_namespaced_pod, name, namespace)
-        cause = _fatal(pod, image)
+        cause = _fatal(pod)
         if cause is not None:
             error = ConfigError if "image" in cause else ProviderError
             raise error(f"sandbox Pod {name}: {cause}")
         statuses: list[Any] = pod.status.container_statuses or []
-        running: Any = statuses[0].state.running if statuses else None
+        running = len(statuses) == len(pod.spec.containers) and all(
+            s.state and s.state.running for s in statuses
+        )
         if pod.status.phase == "Running" and running:
             return pod
         await anyio.sleep(delay)

@@ -60,9 +60,11 @@ class KubernetesSession(EnvironmentSession):
         id: str,
         policy: NetworkPolicy,
         target: Target,
+        prober: Target,
         policy_name: str,
         labels: dict[str, str],
         dns: tuple[IPAddress, ...],
+        host_aliases: dict[str, str],
         probe_candidates: list[tuple[IPAddress, int]],
         verify: bool,
         verify_timeout_s: float,
@@ -73,9 +75,11 @@ class KubernetesSession(EnvironmentSession):
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.target = target
+        self.prober = prober
         self.policy_name = policy_name
         self.labels = labels
         self.dns = dns
+        self.host_aliases = host_aliases
         self.probe_candidates = probe_candidates
         self.verify = verify
         self.verify_timeout_s = verify_timeout_s
@@ -228,7 +232,10 @@ class KubernetesSession(EnvironmentSession):
             raise ProviderError(f"packing {remote_dir!r} in the Pod failed")
 
     async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
-        hostnames = any(t.entry_type is EntryType.HOSTNAME for t in policy.targets)
+        hostnames = any(
+            t.entry_type is EntryType.HOSTNAME and t.host not in self.host_aliases
+            for t in policy.targets
+        )
         if hostnames and not needs_dns(self.policy):
             raise NetworkPolicyUnsupported(
                 f"cannot resolve the hostnames of {policy} while {self.policy} closes DNS in "
@@ -241,7 +248,7 @@ class KubernetesSession(EnvironmentSession):
 
     async def enforce(self, policy: NetworkPolicy) -> None:
         """Patch the NetworkPolicy to `policy` and, unless turned off, probe it."""
-        resolved = await enforcement.resolve(self.target, policy, self.dns)
+        resolved = await enforcement.resolve(self.prober, policy, self.dns, self.host_aliases)
         body = enforcement.render(policy, resolved, self.policy_name, self.id, self.labels)
         await enforcement.replace_spec(
             self.target.clients, self.target.tokens, self.target.namespace, self.policy_name, body
@@ -249,7 +256,7 @@ class KubernetesSession(EnvironmentSession):
         if not self.verify:
             return
         self.last_enforced_s = await enforcement.verify(
-            self.target, policy, resolved, self.probe_candidates, self.verify_timeout_s
+            self.prober, policy, resolved, self.probe_candidates, self.verify_timeout_s
         )
 
     async def _end_workload(self) -> None:

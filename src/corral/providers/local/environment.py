@@ -46,6 +46,7 @@ class LocalEnvironment(BaseEnvironment):
     id: ClassVar[str] = "local"
     config_model = LocalConfig
     supported_network_modes = _ProbedModes()  # type: ignore[assignment]
+    isolates_sessions = False  # processes of one host share its network
 
     config: LocalConfig
 

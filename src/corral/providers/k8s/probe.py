@@ -1,0 +1,109 @@
+"""The `corral-probe` container: corral's own binaries in the Pod's network namespace.
+
+What dials the policy probe and what sends corral's DNS queries must be out of the
+workload's reach: the sandbox container's `nc`, `/etc/hosts` and libc are root's to
+replace, and a probe run with them can be made to read "refused" whatever the CNI does.
+So every sandbox Pod carries a second container from corral's own image (`probe_image`).
+It shares the Pod's network namespace and nothing else (no process namespace, no volume,
+its own root filesystem, read-only), runs as `nobody` with no capabilities, and corral
+execs into it. A container in the spec, rather than an ephemeral one per probe: an exec
+into a running container costs tens of milliseconds, an ephemeral container a container
+start each time, and each one stays in the Pod's spec for good.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from corral.errors import ProviderError
+from corral.providers.k8s.config import KubernetesConfig
+from corral.providers.k8s.execution import Target, run_exec
+
+CONTAINER = "corral-probe"
+_NOBODY = 65534
+#: Loopback listener ports for the positive control: below the usual ephemeral range, so
+#: they never collide with the source port of a connection the Pod has open.
+_CONTROL_PORTS = (20000, 32000)
+
+# $1: control port, $2 $3: the destination. `dial` succeeds only if nc connected and ran
+# its -e program (which prints the token and closes, so a server that never closes cannot
+# hang it). A failed dial means "refused" only if the same `dial` reaches a listener of
+# its own on loopback right after: a dialler that cannot connect at all (no ports left,
+# no nc) proves nothing, and says so. busybox connects blocking, so where the CNI rejects
+# with ICMP (kube-router) the refusal shows at the first SYN retransmit, about 1 s.
+DIAL_SCRIPT = (
+    'busybox nc -l -p "$1" </dev/null >/dev/null 2>&1 & listener=$!; '
+    'dial() { busybox nc -w 2 "$1" "$2" -e sh -c \'echo corral-dial-open >&2\' '
+    "</dev/null 2>&1 | busybox grep -qx corral-dial-open; }; "
+    'if dial "$2" "$3"; then seen=connected; else seen=refused; fi; control=failed; '
+    "for _ in 1 2 3 4 5 6 7 8 9 10; do "
+    'if dial 127.0.0.1 "$1"; then control=ok; break; fi; busybox usleep 100000; done; '
+    'kill "$listener" 2>/dev/null; '
+    'if [ "$control" = ok ]; then echo "$seen"; else echo control-failed; fi'
+)
+
+
+def container(cfg: KubernetesConfig) -> dict[str, Any]:
+    """The probe container's spec: the image's own entrypoint keeps it running."""
+    return {
+        "name": CONTAINER,
+        "image": cfg.probe_image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": _NOBODY,
+            "runAsGroup": _NOBODY,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "16Mi"},
+            "limits": {"memory": "64Mi"},
+        },
+    }
+
+
+async def run(target: Target, argv: list[str], stdin: bytes | None = None) -> str:
+    """Run `argv` in the probe container; its stdout, or ProviderError if it failed."""
+    result = await run_exec(
+        target,
+        argv,
+        cwd=None,
+        env={},
+        stdin=stdin,
+        timeout=30,
+        on_output=None,
+        output_limit=64 * 1024,
+    )
+    if result.returncode != 0:
+        detail = result.stderr.strip()[-300:] or f"exit {result.returncode}"
+        raise ProviderError(
+            f"the {CONTAINER} container of Pod {target.pod} could not run {argv[0]!r} "
+            f"({detail}); probe_image must provide sh and busybox (nc, grep, usleep, xxd)"
+        )
+    return result.stdout
+
+
+async def dial(target: Target, host: str, port: int) -> bool:
+    """Whether a TCP connection to `host:port` opens from the Pod's network namespace.
+
+    Fails closed: when the positive control does not connect, or the output is anything
+    but the script's own verdict, this raises instead of answering.
+    """
+    control = str(secrets.randbelow(_CONTROL_PORTS[1] - _CONTROL_PORTS[0]) + _CONTROL_PORTS[0])
+    output = await run(target, ["sh", "-c", DIAL_SCRIPT, "sh", control, host, str(port)])
+    return verdict(output, target.pod)
+
+
+def verdict(output: str, pod: str) -> bool:
+    """DIAL_SCRIPT's answer: connected or refused; anything else raises ProviderError."""
+    seen = output.strip()
+    if seen == "connected":
+        return True
+    if seen == "refused":
+        return False
+    why = "its positive control could not connect" if seen == "control-failed" else repr(seen)
+    raise ProviderError(f"could not probe the policy from Pod {pod}: {why}")
