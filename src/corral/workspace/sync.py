@@ -111,7 +111,7 @@ class SyncBinding(Binding[SyncOptions, _Bind]):
             def stage() -> Manifest:
                 # What is hashed is what was copied: the revision is what the sandbox got.
                 manifest = scan(source, options.pattern, limits=options.limits(), copy_to=staged)
-                validate_dir(staged)
+                validate_dir(staged)  # a link the upload would refuse: before the target is emptied
                 return manifest
 
             manifest = await anyio.to_thread.run_sync(stage)
