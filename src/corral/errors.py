@@ -37,6 +37,10 @@ class UnsafeArchiveMember(CorralError, ValueError):
     """A directory transfer would have written outside its root."""
 
 
+class TransferLimitExceeded(CorralError, ValueError):
+    """A directory transfer carried more than its limits allow; it was refused whole."""
+
+
 class NetworkPolicyUnsupported(CorralError, ValueError):
     """A policy asks for something the provider cannot enforce."""
 
@@ -51,3 +55,19 @@ class WorkloadNotStopped(ProviderError):
 
 class FeatureUnsupported(CorralError):
     """The provider cannot serve this call; the message names the feature."""
+
+
+class WorkspaceBusy(CorralError):
+    """A live binding already holds this source or sandbox path (or one inside it)."""
+
+
+class SyncBindingSourceConflictError(CorralError, RuntimeError):
+    """Sync-back refused because the host source changed since bind."""
+
+    def __init__(self, path: str, *, applied_paths: tuple[str, ...] = (), detail: str = "") -> None:
+        self.path = path
+        self.applied_paths = applied_paths
+        super().__init__(
+            f"the source {path!r} changed since it was bound{detail}; "
+            f"{len(applied_paths)} path(s) were applied before stopping"
+        )

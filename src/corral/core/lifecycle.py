@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
+from corral.core.bindings import BoundSet, WorkspaceBinding
 from corral.core.environment import BaseEnvironment
 from corral.core.logs import event
 from corral.core.plan import ExecutionPlan
@@ -45,7 +46,14 @@ def with_always_allowed(
 
 
 class TaskRun:
-    """Owns one task's main sandbox and the policy switches between its phases."""
+    """Owns one task's main sandbox and the policy switches between its phases.
+
+    `bindings` (`corral.workspace`) are bound, in order, once the sandbox is open and
+    before the run, and finalized after evaluation when the block ends: with outcome
+    `"completed"`, or `"failed"` when the block raised (a failure to finalize is then
+    attached to that error). A cancelled block abandons them instead. `run.workspaces`
+    holds the bound workspaces, `run.snapshots` what finalize returned.
+    """
 
     def __init__(
         self,
@@ -55,6 +63,7 @@ class TaskRun:
         fresh_evaluation: bool = False,
         always_allow: Iterable[str | NetworkTarget] = (),
         restore_timeout_s: float = 120.0,
+        bindings: Sequence[WorkspaceBinding] = (),
     ) -> None:
         allowed = tuple(NetworkTarget.model_validate(t) for t in always_allow)
         schedule = plan.network
@@ -68,6 +77,8 @@ class TaskRun:
         self.policy_log: list[PolicyLogEntry] = []
         self._session: EnvironmentSession | None = None
         self._refresher = AsyncExitStack()
+        self._bindings = BoundSet(bindings)
+        self.snapshots: list[Any] = []
 
     @property
     def schedule(self) -> NetworkSchedule:
@@ -79,11 +90,22 @@ class TaskRun:
             raise RuntimeError("TaskRun is not entered; use `async with TaskRun(...) as run`")
         return self._session
 
+    @property
+    def workspaces(self) -> list[Any]:
+        """The bound workspaces, in the order of `bindings`, until they are finalized."""
+        return [bound for _, bound in self._bindings.bound]
+
     async def __aenter__(self) -> TaskRun:
-        self._session = await self.env.open(self.plan)
-        self._record(self._session, "baseline")
+        self._session = session = await self.env.open(self.plan)
+        self._record(session, "baseline")
+        try:
+            await self._bindings.bind(session)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.env.close(session)
+            raise
         self._refresher = AsyncExitStack()
-        await self._refresher.enter_async_context(self._session.names_kept_current())
+        await self._refresher.enter_async_context(session.names_kept_current())
         return self
 
     async def __aexit__(
@@ -94,9 +116,21 @@ class TaskRun:
     ) -> None:
         try:
             await self._refresher.aclose()
+            await self._finalize_bindings(exc)
         finally:
             if self._session is not None:
                 await self.env.close(self._session)
+
+    async def _finalize_bindings(self, exc: BaseException | None) -> None:
+        if isinstance(exc, anyio.get_cancelled_exc_class()):
+            self._bindings.abandon()
+            return
+        try:
+            self.snapshots = await self._bindings.finalize("completed" if exc is None else "failed")
+        except Exception as failure:
+            if exc is None:
+                raise
+            exc.add_note(f"corral: finalizing the workspaces failed too: {failure!r}")
 
     @asynccontextmanager
     async def running(self) -> AsyncGenerator[EnvironmentSession]:

@@ -34,6 +34,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path, PurePosixPath
 from typing import IO, BinaryIO, cast
 
+from corral.core.treelimits import Tally
 from corral.errors import UnsafeArchiveMember
 
 CHUNK = 1024 * 1024
@@ -134,15 +135,19 @@ def _link_fault(name: Sequence[str], target: str) -> str | None:
 class _ChunkReader:
     """A read()-able view of an iterable of byte chunks, for tarfile's stream mode."""
 
-    def __init__(self, chunks: Iterable[bytes]) -> None:
+    def __init__(self, chunks: Iterable[bytes], tally: Tally | None = None) -> None:
         self._chunks = iter(chunks)
         self._buffer = bytearray()
+        self._tally = tally
 
     def read(self, size: int = -1) -> bytes:
         while size < 0 or len(self._buffer) < size:
             chunk = next(self._chunks, None)
             if chunk is None:
                 break
+            if self._tally is not None:
+                # Before buffering: a header that claims gigabytes is refused, not read.
+                self._tally.archive(len(chunk))
             self._buffer += chunk
         if size < 0:
             size = len(self._buffer)
@@ -156,19 +161,24 @@ def extract_tar(chunks: Iterable[bytes], dest: str | Path, *, strip: str | None 
 
     `strip` names a leading directory to remove (Docker's get_archive wraps the tree in
     its basename). Links and chains of links that could reach outside `dest` are refused
-    (see the module's docstring); a refused archive leaves `dest` as it was.
+    (see the module's docstring); a refused archive leaves `dest` as it was. Inside
+    `treelimits.bounded(...)`, an archive over a limit is refused at the first member or
+    byte over it.
     """
     target = Path(dest)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".corral-extract-", dir=target.parent))
+    tally = Tally.current(f"the tree for {str(target)!r}")
     try:
         with _Staging(staging, target) as tree:
-            reader = cast(IO[bytes], _ChunkReader(chunks))
+            reader = cast(IO[bytes], _ChunkReader(chunks, tally))
             with tarfile.open(fileobj=reader, mode="r|") as archive:
                 for member in archive:
                     name = _strip(member.name, strip)
                     if name is None:
                         continue
+                    if tally is not None:
+                        tally.entry(name, member.size if member.isfile() else 0)
                     link = (_strip(member.linkname, strip) or "") if member.islnk() else ""
                     tree.add(archive, member, name, link)
             tree.finish()

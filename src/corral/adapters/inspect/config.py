@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.core.plan import ExecutionPlan
+from corral.workspace.options import BindingConfig
 
 #: The corral.owner label of everything an Inspect eval opens, unless the config sets one;
 #: `task_cleanup` and `inspect sandbox cleanup corral` collect expired resources under it.
@@ -27,6 +28,11 @@ class CorralSandboxConfig(BaseModel):
     )
     plan: ExecutionPlan = Field(
         description="image, workdir, env, resources and network schedule of each sample's sandbox"
+    )
+    bindings: tuple[BindingConfig, ...] = Field(
+        default=(),
+        description="workspaces bound to each sample's sandbox at sample_init and finalized at "
+        "sample_cleanup (`corral.workspace` options, each with its `kind`: sync, git, none)",
     )
 
     def __hash__(self) -> int:

@@ -1,9 +1,11 @@
 """`CorralSandboxEnvironment`: one corral session per Inspect sample.
 
 `sample_init` opens the session (corral's `open()` removes everything it created when it
-fails, so a failed init, which Inspect does not clean up, leaks nothing); `sample_cleanup`
-closes it; `task_cleanup` closes any session of the task still open and runs the
-provider's gc; `cli_cleanup` runs gc on every provider that answers.
+fails, so a failed init, which Inspect does not clean up, leaks nothing) and binds the
+config's workspaces; `sample_cleanup` finalizes them (an interrupted sample's are
+abandoned: nothing is synced back) and closes the session; `task_cleanup` closes any
+session of the task still open and runs the provider's gc; `cli_cleanup` runs gc on every
+provider that answers.
 
 Inspect has no phase hooks, so the plan's `baseline` policy is in force from the start;
 a solver or scorer switches with `await sandbox().as_type(CorralSandboxEnvironment)
@@ -32,10 +34,13 @@ from corral.adapters.inspect.config import DEFAULT_OWNER, CorralSandboxConfig, l
 from corral.adapters.inspect.connection import connection
 from corral.adapters.inspect.files import read_file, write_file
 from corral.adapters.inspect.results import to_inspect
+from corral.core.bindings import BoundSet
 from corral.core.environment import ENVIRONMENTS, BaseEnvironment
+from corral.core.logs import event
 from corral.core.session import EnvironmentSession
 from corral.errors import ExecUserUnsupported, ProviderError
 from corral.network.policy import NetworkSchedule, Phase
+from corral.workspace.options import binding_from
 
 log = logging.getLogger("corral.adapters.inspect")
 
@@ -43,6 +48,8 @@ log = logging.getLogger("corral.adapters.inspect")
 _providers: dict[str, BaseEnvironment] = {}
 #: Sessions still open, by task name, for `task_cleanup`.
 _open: dict[str, dict[str, EnvironmentSession]] = {}
+#: Workspaces bound to a session and not yet finalized, by session id.
+_bound: dict[str, BoundSet] = {}
 
 
 def provider(config: CorralSandboxConfig) -> BaseEnvironment:
@@ -54,6 +61,9 @@ def provider(config: CorralSandboxConfig) -> BaseEnvironment:
 
 async def _close(task_name: str, session: EnvironmentSession) -> None:
     _open.get(task_name, {}).pop(session.id, None)
+    left = _bound.pop(session.id, None)
+    if left is not None:
+        left.abandon()
     if session.environment is not None:
         await session.environment.close(session)
 
@@ -97,6 +107,13 @@ class CorralSandboxEnvironment(SandboxEnvironment):
         session = await provider(cfg).open(cfg.plan)
         session.output_limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
         _open.setdefault(task_name, {})[session.id] = session
+        bound = BoundSet([binding_from(options) for options in cfg.bindings])
+        try:
+            await bound.bind(session)
+        except BaseException:
+            await _close(task_name, session)
+            raise
+        _bound[session.id] = bound
         return {"default": cls(session, cfg.plan.network)}
 
     @classmethod
@@ -108,7 +125,22 @@ class CorralSandboxEnvironment(SandboxEnvironment):
         interrupted: bool,
     ) -> None:
         for environment in environments.values():
-            await _close(task_name, environment.as_type(cls).session)
+            session = environment.as_type(cls).session
+            try:
+                bound = _bound.pop(session.id, None)
+                if bound is not None and interrupted:
+                    bound.abandon()
+                elif bound is not None:
+                    for snapshot in await bound.finalize("completed"):
+                        event(
+                            log,
+                            "info",
+                            "workspace finalized",
+                            sandbox=session.id,
+                            snapshot=snapshot,
+                        )
+            finally:
+                await _close(task_name, session)
 
     @classmethod
     async def task_cleanup(
