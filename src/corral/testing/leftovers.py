@@ -36,15 +36,16 @@ def _idle_worker(thread: threading.Thread) -> bool:
     return thread in idle
 
 
-async def busy_threads(before: set[threading.Thread]) -> list[str]:
+async def busy_threads(before: set[threading.Thread], timeout: float = SETTLE_S) -> list[str]:
     """Threads started since `before` that are alive and not idle pool workers, once they
-    were given `SETTLE_S` to finish."""
+    were given `timeout` seconds to finish."""
     return await settled(
         lambda: [
             t.name
             for t in threading.enumerate()
             if t not in before and t.is_alive() and not _idle_worker(t)
-        ]
+        ],
+        timeout,
     )
 
 
