@@ -54,7 +54,7 @@ async def _fails() -> None:
 async def _shielded() -> str:
     with anyio.CancelScope(shield=True):
         await anyio.lowlevel.checkpoint()
-        await anyio.lowlevel.checkpoint()
+        await anyio.sleep(0.1)
     return "done"
 
 
@@ -68,6 +68,7 @@ async def test_tells_what_the_operation_did_with_the_cancellation() -> None:
     assert failed.outcome is Outcome.FAILED
     undelivered, result = await cancel_at(1, _shielded)
     assert (undelivered.outcome, result) == (Outcome.UNDELIVERED, "done")
+    assert 0.09 <= undelivered.returned_after_s < 1
 
 
 async def test_a_cancellation_from_outside_goes_through() -> None:

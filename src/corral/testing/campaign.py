@@ -8,10 +8,12 @@ After every attempt, and once whatever the attempt opened is closed again:
 - no thread started during the attempt is still at work (idle pool workers may stay);
 - no corral temporary entry appeared in tempfile's directory or beside a download's
   destination, and a download's destination is either absent or the whole tree;
-- no process started by a cancelled `exec` is alive on the host;
-- after a cancelled `set_network_policy`, the policy the session reports is the old one,
-  the new one or no network, and connecting to two host listeners shows exactly that
-  policy (never the union, never a mix), unless the switch closed the session.
+- a cancelled `exec` stopped its command within `PROMPT_S`, and no process it started is
+  alive on the host;
+- after a cancelled `set_network_policy`, the policy the session reports is the old one or
+  no network (the new one only where the switch ran to its end), and connecting to two
+  host listeners shows exactly that policy (never the union, never a mix), unless the
+  switch closed the session.
 
 Run it with tempfile's directory private to the campaign (the tests do), so that other
 users of corral on the host cannot count as its leaks.
@@ -46,7 +48,10 @@ LEAKS = ("provider objects", "threads", "temp files", "processes")
 HARD_LIMIT_N = 2000
 _TAG = "CORRAL_CAMPAIGN"
 T = TypeVar("T")
-_EXEC = ["sh", "-c", "sleep 0.3 & echo out; echo err >&2; wait"]
+#: The exec under test outlives `PROMPT_S`, so that one that only returns when its command
+#: ends is told apart from one that stops it.
+_EXEC = ["sh", "-c", "sleep 3 & echo out; echo err >&2; wait"]
+PROMPT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -134,7 +139,7 @@ async def _checked(subject: Subject, case: _Case, n: int, report: Report) -> Att
     owned = await anyio.to_thread.run_sync(subject.owned)
     attempt = await case.attempt(n)
     problems = [Problem(n, attempt.outcome.value, attempt.error)] * (attempt.outcome in DEFECTS)
-    problems += [Problem(n, cause, detail) for cause, detail in await case.check(n)]
+    problems += [Problem(n, cause, detail) for cause, detail in await case.check(attempt)]
     new_owned = await anyio.to_thread.run_sync(subject.owned) - owned
     if new_owned:
         problems.append(Problem(n, "provider objects", ", ".join(sorted(new_owned))))
@@ -169,7 +174,7 @@ class _Case(abc.ABC):
     @abc.abstractmethod
     async def attempt(self, n: int) -> Attempt: ...
 
-    async def check(self, n: int) -> list[tuple[str, str]]:
+    async def check(self, attempt: Attempt) -> list[tuple[str, str]]:
         return []
 
     def destinations(self) -> list[Path]:
@@ -206,7 +211,7 @@ class _Close(_Case):
         attempt, _ = await self.cancel_at(n, lambda: self.subject.env.close(session))
         return attempt
 
-    async def check(self, n: int) -> list[tuple[str, str]]:
+    async def check(self, attempt: Attempt) -> list[tuple[str, str]]:
         return [] if self.live().closed else [("not closed", "close() left the session open")]
 
 
@@ -244,9 +249,13 @@ class _Exec(_SessionCase):
         attempt, _ = await self.cancel_at(n, lambda: self._run(_EXEC, self.tag))
         return attempt
 
-    async def check(self, n: int) -> list[tuple[str, str]]:
+    async def check(self, attempt: Attempt) -> list[tuple[str, str]]:
+        found: list[tuple[str, str]] = []
+        if attempt.outcome is not Outcome.COMPLETED and attempt.returned_after_s > PROMPT_S:
+            late = f"the command ran on {attempt.returned_after_s:.1f} s after the cancellation"
+            found.append(("slow to cancel", late))
         pids = await settled(lambda: tagged_processes(self.tag))
-        return [("processes", f"pids {pids} still carry {self.tag}")] if pids else []
+        return [*found, ("processes", f"pids {pids} still carry {self.tag}")] if pids else found
 
 
 def _make_tree(root: Path) -> dict[str, bytes]:
@@ -297,8 +306,8 @@ class _Download(_SessionCase):
         )
         return attempt
 
-    async def check(self, n: int) -> list[tuple[str, str]]:
-        destination = self.parent / str(n)
+    async def check(self, attempt: Attempt) -> list[tuple[str, str]]:
+        destination = self.parent / str(attempt.n)
         if not destination.exists() or _tree(destination) == self.expected:
             return []
         return [("partial download", f"{destination} holds part of the tree")]
@@ -325,11 +334,14 @@ class _Switch(_Case):
         attempt, _ = await self.cancel_at(n, lambda: session.set_network_policy(new))
         return attempt
 
-    async def check(self, n: int) -> list[tuple[str, str]]:
+    async def check(self, attempt: Attempt) -> list[tuple[str, str]]:
         session = self.live()
         if session.closed:
             return []  # a switch that could not fall back closes the sandbox: closed is fine
-        allowed = (*self.subject.switch, NetworkPolicy.no_network())
+        old, new = self.subject.switch
+        allowed = [old, NetworkPolicy.no_network()]
+        if attempt.outcome is not Outcome.CANCELLED:
+            allowed.append(new)  # only a switch that ran to its end may have put it in force
         if session.policy not in allowed:
             return [("policy mix", f"the session reports {session.policy}")]
         targets = self.subject.targets
@@ -360,8 +372,9 @@ def markdown(reports: list[Report]) -> str:
     """The campaign's summary: one row per provider and operation, a total per provider."""
     lines = [
         "| provider | operation | cases | faults injected | raised the cancellation "
-        "| returned under a shield | failures (by cause) | leaks |",
-        "|---|---|---:|---:|---:|---:|---|---:|",
+        "| returned under a shield | slowest return after the cancel | failures (by cause) "
+        "| leaks |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     for provider in dict.fromkeys(r.provider for r in reports):
         mine = [r for r in reports if r.provider == provider]
@@ -376,6 +389,7 @@ def markdown(reports: list[Report]) -> str:
                 sum(r.faults for r in group),
                 sum(a.outcome is Outcome.CANCELLED for a in attempts),
                 sum(a.outcome is Outcome.UNDELIVERED for a in attempts),
+                f"{max((a.returned_after_s for a in attempts), default=0.0):.2f} s",
                 causes or "0",
                 sum(len(r.leaks) for r in group),
             ]

@@ -23,6 +23,7 @@ raising N until that happens covers every checkpoint of the path.
 from __future__ import annotations
 
 import enum
+import time
 import types
 from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ class Attempt:
     present: frozenset[str] = frozenset()
     """What `observe` saw when the cancellation was requested."""
     error: str = ""
+    returned_after_s: float = 0.0
+    """How long the operation went on after the cancellation was requested."""
 
 
 class _Counted(Generic[T]):
@@ -78,6 +81,7 @@ class _Counted(Generic[T]):
         self.checkpoints = 0
         self.landed = ""
         self.present: frozenset[str] = frozenset()
+        self.requested_at: float | None = None
         self.delivered = False
 
     def __await__(self) -> Generator[Any, Any, T]:
@@ -93,6 +97,7 @@ class _Counted(Generic[T]):
             if self.checkpoints == self.n:
                 self.landed = where(self.coro)
                 self.present = _observed(self.observe)
+                self.requested_at = time.monotonic()
                 self.scope.cancel(_OURS)
             try:
                 value, error = (yield yielded), None
@@ -164,4 +169,13 @@ async def cancel_at(
 
 
 def _attempt(counted: _Counted[Any], outcome: Outcome, error: str = "") -> Attempt:
-    return Attempt(counted.n, counted.checkpoints, outcome, counted.landed, counted.present, error)
+    requested = counted.requested_at
+    return Attempt(
+        counted.n,
+        counted.checkpoints,
+        outcome,
+        counted.landed,
+        counted.present,
+        error,
+        0.0 if requested is None else time.monotonic() - requested,
+    )

@@ -15,6 +15,8 @@ import pytest
 from corral.testing.campaign import Report, markdown
 from tests.integration.docker.conftest import engine as engine
 from tests.integration.docker.conftest import owner as owner
+from tests.integration.k8s.conftest import cluster as cluster
+from tests.integration.k8s.conftest import namespace as namespace
 
 REPORTS: list[Report] = []
 
