@@ -1,160 +1,32 @@
-"""The cancellation campaign: each public operation cancelled at its 1st, 2nd, ... Nth
-checkpoint (see `checkpoints`), until it completes without meeting the cancellation.
-
-After every attempt, and once whatever the attempt opened is closed again:
-- the operation raised the cancellation, or returned because the rest of it was shielded;
-- the provider objects carrying the run's owner label are exactly those that were there
-  before the attempt (the campaign's own live session, or none);
-- no thread started during the attempt is still at work (idle pool workers may stay);
-- no corral temporary entry appeared in tempfile's directory or beside a download's
-  destination, and a download's destination is either absent or the whole tree;
-- a cancelled `exec` stopped its command within `PROMPT_S`, and no process it started is
-  alive on the host;
-- after a cancelled `set_network_policy`, the policy the session reports is the old one or
-  no network (the new one only where the switch ran to its end), and connecting to two
-  host listeners shows exactly that policy (never the union, never a mix), unless the
-  switch closed the session.
-
-Run it with tempfile's directory private to the campaign (the tests do), so that other
-users of corral on the host cannot count as its leaks.
-"""
+"""One class per operation: its setup, one attempt at N, and what only it can check."""
 
 from __future__ import annotations
 
 import abc
-import itertools
 import secrets
-import tempfile
-import threading
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
 
-from corral.core.environment import BaseEnvironment
-from corral.core.plan import ExecutionPlan
 from corral.core.session import EnvironmentSession
 from corral.network.policy import NetworkMode, NetworkPolicy
-from corral.testing.checkpoints import DEFECTS, Attempt, Outcome, cancel_at
-from corral.testing.leftovers import busy_threads, settled, tagged_processes, temp_entries
-from corral.testing.plugin import ConnectCommand, EgressTarget
+from corral.testing.campaign.subject import Subject
+from corral.testing.checkpoints import Attempt, Outcome, cancel_at
+from corral.testing.leftovers import settled, tagged_processes
+from corral.testing.plugin import EgressTarget
 
 OPERATIONS = ("open", "close", "set_network_policy", "exec", "upload_dir", "download_dir")
-#: Causes that are leaks (the rest of `Problem.cause` values are failures).
-LEAKS = ("provider objects", "threads", "temp files", "processes")
-#: A path that never completes is a defect of its own, not a reason to run forever.
-HARD_LIMIT_N = 2000
-_TAG = "CORRAL_CAMPAIGN"
 T = TypeVar("T")
+_TAG = "CORRAL_CAMPAIGN"
 #: The exec under test outlives `PROMPT_S`, so that one that only returns when its command
 #: ends is told apart from one that stops it.
 _EXEC = ["sh", "-c", "sleep 3 & echo out; echo err >&2; wait"]
 PROMPT_S = 2.0
 
 
-@dataclass(frozen=True)
-class Subject:
-    """What the campaign runs against: a provider and the means to see what it left."""
-
-    provider: str
-    env: BaseEnvironment
-    plan: ExecutionPlan
-    """Its baseline must be `switch[0]`."""
-    owned: Callable[[], frozenset[str]]
-    """Names of the provider objects carrying the run's owner label (Docker containers and
-    networks, Pods, NetworkPolicies), a blocking call; a provider that makes none returns
-    an empty set. Also called when each cancellation is requested (`Attempt.present`)."""
-    targets: tuple[EgressTarget, EgressTarget]
-    """Two host listeners the sandbox reaches under `public`."""
-    switch: tuple[NetworkPolicy, NetworkPolicy]
-    """`set_network_policy` switches from the first to the second."""
-    connect: ConnectCommand
-    scratch: Path
-    """An empty host directory of the campaign's own."""
-    max_n: int | None = None
-    """Stop at this N even if the operation did not complete (a bounded run)."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    n: int
-    cause: str
-    detail: str
-
-
-@dataclass
-class Report:
-    provider: str
-    operation: str
-    attempts: list[Attempt] = field(default_factory=list[Attempt])
-    problems: list[Problem] = field(default_factory=list[Problem])
-    completed: bool = False
-
-    @property
-    def faults(self) -> int:
-        return sum(a.outcome is not Outcome.COMPLETED for a in self.attempts)
-
-    @property
-    def leaks(self) -> list[Problem]:
-        return [p for p in self.problems if p.cause in LEAKS]
-
-    @property
-    def failures(self) -> list[Problem]:
-        return [p for p in self.problems if p.cause not in LEAKS]
-
-
-async def run_campaign(subject: Subject, operation: str) -> Report:
-    """Cancel `operation` at N = 1, 2, ... until it completes (or `subject.max_n`)."""
-    report = Report(subject.provider, operation)
-    case = _CASES[operation](subject)
-    await case.setup()
-    try:
-        for n in itertools.count(1):
-            if (subject.max_n is not None and n > subject.max_n) or n > HARD_LIMIT_N:
-                break
-            attempt = await _checked(subject, case, n, report)
-            report.attempts.append(attempt)
-            if attempt.outcome is Outcome.COMPLETED:
-                report.completed = True
-                break
-    finally:
-        with anyio.CancelScope(shield=True):
-            await case.teardown()
-    left = await anyio.to_thread.run_sync(subject.owned)
-    if left:
-        report.problems.append(Problem(0, "provider objects", f"after the campaign: {left}"))
-    if not report.completed and subject.max_n is None:
-        last = len(report.attempts)
-        report.problems.append(Problem(last, "never completed", f"still cancelled at N={last}"))
-    return report
-
-
-async def _checked(subject: Subject, case: _Case, n: int, report: Report) -> Attempt:
-    await case.prepare()
-    threads = set(threading.enumerate())
-    directories = [Path(tempfile.gettempdir()), *case.destinations()]
-    files = temp_entries(*directories)
-    owned = await anyio.to_thread.run_sync(subject.owned)
-    attempt = await case.attempt(n)
-    problems = [Problem(n, attempt.outcome.value, attempt.error)] * (attempt.outcome in DEFECTS)
-    problems += [Problem(n, cause, detail) for cause, detail in await case.check(attempt)]
-    new_owned = await anyio.to_thread.run_sync(subject.owned) - owned
-    if new_owned:
-        problems.append(Problem(n, "provider objects", ", ".join(sorted(new_owned))))
-    busy = await busy_threads(threads)
-    if busy:
-        problems.append(Problem(n, "threads", ", ".join(busy)))
-    new_files = temp_entries(*directories) - files
-    if new_files:
-        problems.append(Problem(n, "temp files", ", ".join(str(p) for p in sorted(new_files))))
-    where = f" (cancel requested in {attempt.landed})" if attempt.landed else ""
-    report.problems += [Problem(p.n, p.cause, p.detail + where) for p in problems]
-    return attempt
-
-
-class _Case(abc.ABC):
+class Case(abc.ABC):
     def __init__(self, subject: Subject) -> None:
         self.subject = subject
         self.session: EnvironmentSession | None = None
@@ -193,7 +65,7 @@ class _Case(abc.ABC):
         return self.session
 
 
-class _Open(_Case):
+class _Open(Case):
     async def attempt(self, n: int) -> Attempt:
         env = self.subject.env
         attempt, session = await self.cancel_at(n, lambda: env.open(self.subject.plan))
@@ -202,7 +74,7 @@ class _Open(_Case):
         return attempt
 
 
-class _Close(_Case):
+class _Close(Case):
     async def prepare(self) -> None:
         await self.open()
 
@@ -215,7 +87,7 @@ class _Close(_Case):
         return [] if self.live().closed else [("not closed", "close() left the session open")]
 
 
-class _SessionCase(_Case):
+class _SessionCase(Case):
     async def setup(self) -> None:
         await self.open()
 
@@ -321,7 +193,7 @@ def reaches(policy: NetworkPolicy, target: EgressTarget) -> bool:
     return listed if policy.network_mode is NetworkMode.ALLOWLIST else not listed
 
 
-class _Switch(_Case):
+class _Switch(Case):
     async def prepare(self) -> None:
         old = self.subject.switch[0]
         if self.session is None or self.session.closed:
@@ -358,7 +230,7 @@ class _Switch(_Case):
         return result.returncode == 0
 
 
-_CASES: dict[str, Callable[[Subject], _Case]] = {
+CASES: dict[str, Callable[[Subject], Case]] = {
     "open": _Open,
     "close": _Close,
     "set_network_policy": _Switch,
@@ -366,32 +238,3 @@ _CASES: dict[str, Callable[[Subject], _Case]] = {
     "upload_dir": _Upload,
     "download_dir": _Download,
 }
-
-
-def markdown(reports: list[Report]) -> str:
-    """The campaign's summary: one row per provider and operation, a total per provider."""
-    lines = [
-        "| provider | operation | cases | faults injected | raised the cancellation "
-        "| returned under a shield | slowest return after the cancel | failures (by cause) "
-        "| leaks |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|",
-    ]
-    for provider in dict.fromkeys(r.provider for r in reports):
-        mine = [r for r in reports if r.provider == provider]
-        for name, group in [*((r.operation, [r]) for r in mine), ("**all**", mine)]:
-            attempts = [a for r in group for a in r.attempts]
-            failures = [p.cause for r in group for p in r.failures]
-            causes = ", ".join(f"{failures.count(c)} {c}" for c in dict.fromkeys(failures))
-            cells = [
-                provider,
-                name,
-                len(attempts),
-                sum(r.faults for r in group),
-                sum(a.outcome is Outcome.CANCELLED for a in attempts),
-                sum(a.outcome is Outcome.UNDELIVERED for a in attempts),
-                f"{max((a.returned_after_s for a in attempts), default=0.0):.2f} s",
-                causes or "0",
-                sum(len(r.leaks) for r in group),
-            ]
-            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines)
