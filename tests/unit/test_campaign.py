@@ -6,13 +6,14 @@ from __future__ import annotations
 import itertools
 import tempfile
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
 import anyio.lowlevel
 import pytest
 
-from corral import ExecutionPlan, NetworkPolicy
+from corral import ExecutionPlan, NetworkPolicy, NetworkSchedule
 from corral.core.session import EnvironmentSession
 from corral.testing.campaign import Subject, markdown, reaches, run_campaign
 from corral.testing.plugin import EgressTarget
@@ -102,6 +103,22 @@ async def test_a_staging_directory_left_behind_is_a_leak(scratch: Path) -> None:
     report = await run_campaign(_subject(CarelessEnvironment(), scratch), "download_dir")
     assert [(p.n, p.cause) for p in report.leaks] == [(1, "temp files")]
     assert ".corral-staging" in report.leaks[0].detail
+
+
+async def test_a_sandbox_that_reaches_what_its_policy_forbids_is_a_mix(scratch: Path) -> None:
+    # The fake's every connection succeeds: the union of the two allowlists.
+    old, new = NetworkPolicy.allowlist(str(FIRST)), NetworkPolicy.allowlist(str(SECOND))
+    env = FakeEnvironment()
+    subject = replace(
+        _subject(env, scratch),
+        plan=ExecutionPlan(network=NetworkSchedule(baseline=old)),
+        switch=(old, new),
+    )
+    report = await run_campaign(subject, "set_network_policy")
+    assert report.completed
+    assert {p.cause for p in report.failures} == {"policy mix"}
+    assert len(report.failures) == len(report.attempts)
+    assert f"{SECOND}: open" in report.failures[0].detail
 
 
 def test_reachability_follows_the_policy() -> None:

@@ -41,7 +41,7 @@ class Outcome(enum.StrEnum):
     """Fewer checkpoints than N: the cancellation was never requested."""
     CANCELLED = "cancelled"
     """Requested and delivered, and the operation raised it."""
-    UNDELIVERED = "ran on under a shield"
+    UNDELIVERED = "returned under a shield"
     """Requested, but the operation returned without another unshielded checkpoint."""
     SWALLOWED = "swallowed the cancellation"
     REPLACED = "raised another error instead of the cancellation"

@@ -107,7 +107,7 @@ class _Exec(_SessionCase):
         tag = f"{_TAG}={secrets.token_hex(8)}"
         unseen = {tag}
         async with anyio.create_task_group() as group:
-            group.start_soon(self._run, ["sleep", "30"], tag)
+            group.start_soon(self._run, ["sleep", "10"], tag)
             unseen = await settled(lambda: set() if tagged_processes(tag) else {tag})
             group.cancel_scope.cancel()
         return not unseen and not await settled(lambda: tagged_processes(tag))
