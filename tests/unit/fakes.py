@@ -67,6 +67,7 @@ class FakeEnvironment(BaseEnvironment):
     some modes, or fail to end a phase's processes."""
 
     id: ClassVar[str] = "fake"
+    session_type: ClassVar[type[FakeSession]] = FakeSession
     supported_network_modes = frozenset(NetworkMode)
     supported_allowlist_entry_types = frozenset(EntryType)
     supports_network_target_ports = True
@@ -108,6 +109,6 @@ class FakeEnvironment(BaseEnvironment):
                 name = f"resource-{next(_ids)}-{step}"
                 self.live.add(name)
                 owned.callback(self.live.discard, name)
-            return FakeSession(self, plan.network.baseline)
+            return self.session_type(self, plan.network.baseline)
         finally:
             self.concurrent -= 1

@@ -1,0 +1,49 @@
+"""The cancellation campaign against the embedded `local` provider."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral import ENVIRONMENTS, ExecutionPlan, NetworkPolicy
+from corral.testing import serve_tcp, stop_server
+from corral.testing.campaign import OPERATIONS, Subject, run_campaign
+from corral.testing.plugin import ConnectCommand, EgressTarget
+from tests.integration.campaign.conftest import check, max_n
+
+pytestmark = pytest.mark.anyio
+
+
+def _nothing() -> frozenset[str]:
+    return frozenset()  # local makes no provider objects; its workspaces are temp files
+
+
+@pytest.fixture
+def subject(scratch: Path, corral_connect_command: ConnectCommand) -> Iterator[Subject]:
+    servers = [serve_tcp() for _ in range(2)]
+    first, second = (EgressTarget("127.0.0.1", s.getsockname()[1]) for s, _ in servers)
+    try:
+        yield Subject(
+            provider="local",
+            env=ENVIRONMENTS.create("local"),
+            plan=ExecutionPlan(),
+            owned=_nothing,
+            targets=(first, second),
+            # local switches nothing at run time: the one switch it takes is to the same policy
+            switch=(NetworkPolicy.public(), NetworkPolicy.public()),
+            connect=corral_connect_command,
+            scratch=scratch,
+            max_n=max_n(),
+        )
+    finally:
+        for server, thread in servers:
+            stop_server(server, thread)
+
+
+@pytest.mark.parametrize("operation", OPERATIONS)
+async def test_cancelled_at_every_checkpoint_leaves_nothing(
+    subject: Subject, operation: str
+) -> None:
+    check(await run_campaign(subject, operation))
