@@ -4,11 +4,12 @@ retried only when the caller says the failure is transient and the call idempote
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 import anyio
-from anyio.lowlevel import RunVar
+from anyio.lowlevel import RunVar, checkpoint_if_cancelled
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 P = ParamSpec("P")
@@ -36,6 +37,30 @@ async def run_blocking(
     return await anyio.to_thread.run_sync(
         functools.partial(fn, *args, **kwargs), limiter=limiter(key, tokens)
     )
+
+
+async def run_stoppable(key: str, tokens: int, fn: Callable[[threading.Event], T]) -> T:
+    """`fn(stop)` in a worker thread, where `stop` is set as soon as the caller is
+    cancelled; `fn` must poll it and return promptly. The thread is always waited for
+    (never abandoned), and the cancellation is raised once it has returned."""
+    stop = threading.Event()
+    results: list[T] = []
+
+    async def stop_when_cancelled() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            stop.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(stop_when_cancelled)
+        try:
+            results.append(await run_blocking(key, tokens, fn, stop))
+        finally:
+            group.cancel_scope.cancel()
+    # The thread's value must not hide the caller's cancellation.
+    await checkpoint_if_cancelled()
+    return results[0]
 
 
 async def run_idempotent(

@@ -67,16 +67,7 @@ def subject(
             stop_server(server, thread)
 
 
-SLOW_EXEC = pytest.mark.xfail(
-    strict=True,
-    reason="k8s exec drives its websocket in a shielded worker thread: a cancelled exec "
-    "returns only when its command ends or its timeout passes",
-)
-
-
-@pytest.mark.parametrize(
-    "operation", [pytest.param(o, marks=SLOW_EXEC) if o == "exec" else o for o in OPERATIONS]
-)
+@pytest.mark.parametrize("operation", OPERATIONS)
 async def test_cancelled_at_every_checkpoint_leaves_nothing(
     subject: Subject, operation: str
 ) -> None:

@@ -13,7 +13,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from corral.core.blocking import run_blocking, run_idempotent
+from corral.core.blocking import run_blocking, run_idempotent, run_stoppable
 from corral.errors import ProviderError
 from corral.providers.k8s.config import KubernetesConfig
 
@@ -84,6 +84,10 @@ def transient(exc: BaseException) -> bool:
 
 async def call(tokens: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     return await run_blocking("k8s", tokens, fn, *args, **kwargs)
+
+
+async def stoppable(tokens: int, fn: Callable[[threading.Event], T]) -> T:
+    return await run_stoppable("k8s", tokens, fn)
 
 
 async def idempotent(tokens: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

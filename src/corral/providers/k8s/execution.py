@@ -10,8 +10,10 @@ kill its whole tree inside the Pod.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -25,7 +27,7 @@ from corral.core.capture import Capture
 from corral.core.markers import MARKER, kill_tree_argv, new_marker
 from corral.core.session import TIMEOUT_RETURNCODE, ExecResult, OutputCallback, Stream, emit
 from corral.errors import ProviderError
-from corral.providers.k8s.api import Api, call, explain
+from corral.providers.k8s.api import Api, call, explain, stoppable
 
 stream: Api = importlib.import_module("kubernetes.stream").stream
 
@@ -85,11 +87,13 @@ class ExecStream:
         argv: list[str],
         stdin: Iterable[bytes] | None = None,
         deadline: float | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.target = target
         self.argv = argv
         self.stdin = stdin
         self.deadline = deadline
+        self.stop = stop or threading.Event()
         self.status: str = ""
         self.timed_out = False
 
@@ -115,9 +119,13 @@ class ExecStream:
             if self.stdin is not None:
                 for chunk in self.stdin:
                     for start in range(0, len(chunk), FRAME):
+                        if self.stop.is_set():
+                            return
                         ws.write_stdin(chunk[start : start + FRAME])
                 ws.close_channel(0)
             while ws.is_open():
+                if self.stop.is_set():
+                    return
                 if self.deadline is not None and time.monotonic() > self.deadline:
                     self.timed_out = True
                     return
@@ -137,9 +145,11 @@ def run_blocking_exec(
     stdin: Iterable[bytes] | None,
     deadline: float | None,
     sink: Sink,
+    stop: threading.Event | None = None,
 ) -> tuple[str, bool]:
-    """Drive one exec to completion in this thread; returns (status JSON, timed out)."""
-    execution = ExecStream(target, argv, stdin, deadline)
+    """Drive one exec in this thread until it ends, its deadline passes or `stop` is set;
+    returns (status JSON, timed out)."""
+    execution = ExecStream(target, argv, stdin, deadline, stop)
     for name, data in execution:
         sink(name, data)
     return execution.status, execution.timed_out
@@ -179,14 +189,18 @@ async def run_exec(
     deadline = None if timeout is None else capture.started + timeout
     finished = False
     try:
-        status, timed_out = await call(
+        # A cancelled exec returns within one websocket poll (0.2 s), then its tree is
+        # killed in the Pod: the remote command never outlives the call.
+        status, timed_out = await stoppable(
             target.tokens,
-            run_blocking_exec,
-            target,
-            wrapped(args, cwd, env, marker),
-            None if stdin is None else [stdin],
-            deadline,
-            sink,
+            functools.partial(
+                run_blocking_exec,
+                target,
+                wrapped(args, cwd, env, marker),
+                None if stdin is None else [stdin],
+                deadline,
+                sink,
+            ),
         )
         finished = True
     finally:
