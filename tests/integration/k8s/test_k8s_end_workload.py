@@ -101,8 +101,10 @@ async def test_nothing_from_the_run_phase_survives_into_evaluation(
 
 async def test_a_sandbox_that_can_ptrace_gets_no_verdict(namespace: str) -> None:
     """With CAP_SYS_PTRACE the sandbox could forge the reaper's report: closed instead."""
-    security = {"capabilities": {"drop": ["ALL"], "add": ["KILL", "SYS_PTRACE"]}}
-    env: KubernetesEnvironment = make_env(namespace, security_context=security)
+    security = {"capabilities": {"drop": ["ALL"], "add": ["KILL"]}}
+    env: KubernetesEnvironment = make_env(
+        namespace, security_context=security, unsafe_capabilities=["SYS_PTRACE"]
+    )
     session = await env.open(ExecutionPlan(image=TEST_IMAGE))
     try:
         with pytest.raises(WorkloadNotStopped, match="CAP_SYS_PTRACE"):
