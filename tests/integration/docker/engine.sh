@@ -35,6 +35,10 @@ V6CIDR=${CORRAL_DOCKER_IPV6_CIDR:-fd00:c0:ffee::/64}
 CONFIG=${CORRAL_DOCKERD_CONFIG:-/etc/docker/daemon.json}
 # Marker: `up` found a daemon it did not start (so `down` leaves it alone).
 FOREIGN_MARK=/run/corral-dockerd.foreign
+# The test-only runtime `corral-test-bypass` (see bypass-runtime.sh), registered in our
+# daemon.json: installed outside the clone, which may move or go.
+BYPASS_RUNTIME=/usr/local/libexec/corral-test/bypass-runtime
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 log() { printf 'engine.sh: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -73,9 +77,10 @@ write_config() {
     # dockerd rejects unknown keys), so a hand-made daemon.json is kept.
     if [[ -e $CONFIG ]] && ! grep -q 'corral-managed=engine.sh' "$CONFIG" 2>/dev/null; then
         log "keeping existing $CONFIG (not written by engine.sh)"
-        return
+        return 1
     fi
-    mkdir -p "$(dirname "$CONFIG")"
+    mkdir -p "$(dirname "$CONFIG")" "$(dirname "$BYPASS_RUNTIME")"
+    install -m 755 "$HERE/bypass-runtime.sh" "$BYPASS_RUNTIME"
     cat >"$CONFIG.tmp" <<EOF
 {
   "labels": ["corral-managed=engine.sh"],
@@ -86,9 +91,14 @@ write_config() {
   "experimental": true,
   "ip6tables": true,
   "log-driver": "json-file",
-  "log-opts": {"max-size": "10m", "max-file": "2"}
+  "log-opts": {"max-size": "10m", "max-file": "2"},
+  "runtimes": {"corral-test-bypass": {"path": "$BYPASS_RUNTIME"}}
 }
 EOF
+    if cmp -s "$CONFIG.tmp" "$CONFIG"; then
+        rm "$CONFIG.tmp"
+        return 1
+    fi
     mv "$CONFIG.tmp" "$CONFIG"
 }
 
@@ -97,6 +107,11 @@ cmd_up() {
     if docker_answers; then
         if our_pid >/dev/null; then
             log "dockerd already running (started by engine.sh, pid $(our_pid))"
+            if write_config; then
+                # Runtimes are among the settings dockerd reloads on SIGHUP.
+                kill -HUP "$(our_pid)"
+                log "reloaded $CONFIG"
+            fi
         else
             log "a docker daemon already answers; not starting one (down will leave it alone)"
             : >"$FOREIGN_MARK"
@@ -107,7 +122,7 @@ cmd_up() {
     if pid=$(our_pid); then
         die "dockerd pid $pid (ours) is alive but does not answer; see $LOG"
     fi
-    write_config
+    write_config || true
     log "starting dockerd (log $LOG, pid file $PIDFILE)"
     mkdir -p "$(dirname "$LOG")" "$(dirname "$PIDFILE")"
     # setsid: own session, so the caller's terminal signals cannot reach it.

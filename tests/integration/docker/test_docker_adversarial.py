@@ -11,12 +11,12 @@ import pytest
 
 from corral import EnvironmentSession, ExecutionPlan, NetworkPolicy, NetworkSchedule, TaskRun
 from corral.core.labels import OWNER
-from corral.errors import CorralError
+from corral.errors import CorralError, NetworkPolicyNotEnforced
 from corral.providers.docker import DockerEnvironment
 from corral.providers.docker.session import DockerSession
 from corral.testing.plugin import EgressTarget
-from tests.integration.conftest import ALLOWED_IP, DENIED_IP, TCP_PORT
-from tests.integration.docker.conftest import TEST_IMAGE
+from tests.integration.conftest import ALLOWED_IP, DENIED_IP, TCP_PORT, unavailable
+from tests.integration.docker.conftest import TEST_IMAGE, leftovers, make_env
 
 pytestmark = pytest.mark.anyio
 
@@ -150,3 +150,31 @@ async def test_a_name_that_moves_stays_allowed(
             assert [str(a) for a in moved] == [second]
         finally:
             cdn.remove(force=True)
+
+
+# Registered by engine.sh (bypass-runtime.sh): runc, but the container stays out of the
+# namespace Docker gives it, as gVisor's netstack keeps its packets out of its netfilter.
+BYPASS_RUNTIME = "corral-test-bypass"
+
+
+async def test_a_runtime_whose_packets_skip_the_rules_is_caught(
+    engine: Any, owner: str, tcp_targets: list[EgressTarget]
+) -> None:
+    if BYPASS_RUNTIME not in (engine.info().get("Runtimes") or {}):
+        unavailable(
+            f"no Docker runtime {BYPASS_RUNTIME!r}: run tests/integration/docker/engine.sh up"
+        )
+    env = make_env(owner, runtime=BYPASS_RUNTIME)
+    async with env.session(ExecutionPlan(image=TEST_IMAGE)) as session:
+        # Under `public` nothing is forbidden, so nothing can be caught yet; but the
+        # sandbox's packets really are outside the holder's rules.
+        assert await reachable(session, ALLOWED_IP)
+        with pytest.raises(NetworkPolicyNotEnforced, match=BYPASS_RUNTIME):
+            await session.set_network_policy(NetworkPolicy.no_network())
+        assert session.closed
+    plan = ExecutionPlan(
+        image=TEST_IMAGE, network=NetworkSchedule(baseline=NetworkPolicy.no_network())
+    )
+    with pytest.raises(NetworkPolicyNotEnforced, match="did not meet corral's rules"):
+        await env.open(plan)
+    assert leftovers(engine, owner) == []

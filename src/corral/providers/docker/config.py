@@ -50,7 +50,13 @@ class DockerConfig(RuntimeEnvironmentConfig):
     network_prefix_len: int = Field(
         default=28, ge=16, le=29, description="prefix length of each sandbox network"
     )
-    runtime: str | None = Field(default=None, description="OCI runtime, e.g. runsc (gVisor)")
+    runtime: str | None = Field(
+        default=None,
+        description="OCI runtime of the sandbox (default: the engine's). Its packets must meet "
+        "the namespace's netfilter (runc, crun): a policy that forbids anything is probed from "
+        "inside the sandbox once per runtime, and one with its own network stack (gVisor's "
+        "runsc) is refused",
+    )
     user: str | None = Field(default=None, description="user the workload runs as (uid[:gid])")
     capabilities: SafeCapabilities = Field(
         default=SAFE_CAPABILITIES,

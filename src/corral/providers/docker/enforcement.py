@@ -7,7 +7,13 @@ IPv4 table is restored, so the old policy stays whole.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import secrets
+import tarfile
 from collections.abc import Mapping, Sequence
+
+from docker.errors import APIError
 
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
 from corral.core.session import ExecResult
@@ -18,7 +24,7 @@ from corral.network.policy import NetworkPolicy
 from corral.network.probe import DISCARD_PORT, forbidden_probe
 from corral.network.resolve import Resolution, parse_resolv_conf, resolve_policy
 from corral.network.targets import EntryType, IPAddress
-from corral.providers.docker.engine import Engine
+from corral.providers.docker.engine import Engine, call
 from corral.providers.docker.execution import run_exec
 
 _APPLY = r"""
@@ -38,6 +44,9 @@ fi
 $CORRAL_PROBE_TABLES -w 5 -nvxL "$CORRAL_CHAIN" \
   | awk '$3 == "REJECT" {n += $1} END {print "rejects=" n+0}'
 """
+_REJECTS = r"""$1 -w 5 -nvxL "$2" | awk '$3 == "REJECT" {n += $1} END {print n+0}'"""
+#: corral's own static busybox, from its holder image, for the probe from the sandbox.
+_BUSYBOX = "/bin/busybox"
 
 
 async def _as_root(
@@ -159,3 +168,81 @@ async def apply_policy(
             raise NetworkPolicyNotEnforced(
                 f"probe to {target} failed, but not through corral's rules (no REJECT counted)"
             )
+
+
+async def _rejects(api: Engine, tokens: int, holder: str, version: int) -> int:
+    tables = "ip6tables" if version == 6 else "iptables"
+    result = await _as_root(api, tokens, holder, ["sh", "-c", _REJECTS, "sh", tables, CHAIN])
+    if result.returncode != 0:
+        raise ProviderError(f"reading corral's REJECT counters failed: {result.stderr.strip()}")
+    return int(result.stdout.strip() or 0)
+
+
+def _copy_busybox(api: Engine, holder: str, sandbox: str, name: str) -> None:
+    """The holder's busybox into the sandbox's root as `name` (blocking)."""
+    try:
+        stream, _ = api.get_archive(holder, _BUSYBOX)
+        raw = b"".join(stream)
+    except APIError as exc:
+        raise ProviderError(f"reading {_BUSYBOX} from corral's image failed: {exc}") from None
+    with tarfile.open(fileobj=io.BytesIO(raw)) as source:
+        member = source.next()
+        body = source.extractfile(member) if member is not None else None
+        if body is None:
+            raise ProviderError(f"corral's image has no {_BUSYBOX}")
+        data = body.read()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        folder = tarfile.TarInfo(name)
+        folder.type, folder.mode = tarfile.DIRTYPE, 0o700
+        archive.addfile(folder)
+        # Named busybox: it picks its applet from argv[0] unless called by that name.
+        info = tarfile.TarInfo(f"{name}/busybox")
+        info.size, info.mode = len(data), 0o700
+        archive.addfile(info, io.BytesIO(data))
+    try:
+        api.put_archive(sandbox, "/", out.getvalue())
+    except APIError as exc:
+        raise ProviderError(f"could not put corral's probe into the sandbox: {exc}") from None
+
+
+async def probe_from_sandbox(
+    api: Engine,
+    tokens: int,
+    holder: str,
+    sandbox: str,
+    probe: tuple[IPAddress, int],
+    runtime: str,
+) -> None:
+    """Dial `probe`, which the policy in force forbids, from inside the sandbox container.
+
+    The holder's probe shows the namespace's rules; this one shows that the sandbox's
+    packets meet them, which a runtime with a network stack of its own (gVisor's netstack)
+    bypasses. The verdict is the holder's REJECT counter, which nothing in the sandbox can
+    raise without going through corral's rules; a probe that could not run fails closed.
+    """
+    host, port = probe
+    folder = f"/.corral-probe-{secrets.token_hex(4)}"
+    busybox = f"{folder}/busybox"
+    before = await _rejects(api, tokens, holder, host.version)
+    try:
+        await call(tokens, _copy_busybox, api, holder, sandbox, folder.lstrip("/"))
+        dial = await _as_root(
+            api, tokens, sandbox, [busybox, "nc", "-w", "2", str(host), str(port)]
+        )
+    finally:
+        with contextlib.suppress(ProviderError):
+            await _as_root(api, tokens, sandbox, [busybox, "rm", "-rf", folder])
+    after = await _rejects(api, tokens, holder, host.version)
+    if dial.returncode == 0:
+        raise NetworkPolicyNotEnforced(
+            f"a connection from the sandbox (runtime {runtime!r}) to {host}:{port}, which the "
+            "policy forbids, got through"
+        )
+    if after <= before:
+        raise NetworkPolicyNotEnforced(
+            f"a connection from the sandbox (runtime {runtime!r}) to {host}:{port} did not "
+            f"meet corral's rules (exit {dial.returncode}: {dial.stderr.strip()[-200:]!r}); "
+            "a runtime with a network stack of its own (gVisor's netstack) bypasses them: "
+            "use runc"
+        )

@@ -80,6 +80,7 @@ class DockerEnvironment(BaseEnvironment):
         super().__init__(config, **params)
         self._client: Engine | None = None
         self._pool: WarmPool | None = None
+        self._verified_runtimes: set[str] = set()
 
     @classmethod
     def engine_answers(cls) -> bool:
@@ -374,9 +375,15 @@ class DockerEnvironment(BaseEnvironment):
             resolver_image=cfg.holder_image,
             labels=labels,
             workdir=started["Config"].get("WorkingDir") or "/",
+            runtime=started["HostConfig"].get("Runtime") or "runc",
+            verified_runtimes=self._verified_runtimes,
         )
         session.image = image
         session.resolution = baseline
+        try:
+            await session.check_runtime(plan.network.baseline)
+        except NetworkPolicyNotEnforced as exc:
+            raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
         return session
 
     async def gc(self) -> list[str]:

@@ -23,10 +23,10 @@ from corral.errors import (
     WorkloadNotStopped,
 )
 from corral.network.policy import NetworkPolicy
-from corral.network.probe import DISCARD_PORT
+from corral.network.probe import DISCARD_PORT, forbidden_probe
 from corral.network.resolve import Resolution, needs_dns
 from corral.network.targets import EntryType, IPAddress
-from corral.providers.docker.enforcement import apply_policy, resolve
+from corral.providers.docker.enforcement import apply_policy, probe_from_sandbox, resolve
 from corral.providers.docker.engine import Engine, call
 from corral.providers.docker.execution import run_exec
 from corral.providers.docker.landing import SandboxFiles
@@ -58,6 +58,8 @@ class DockerSession(EnvironmentSession):
         resolver_image: str,
         labels: dict[str, str],
         workdir: str,
+        runtime: str,
+        verified_runtimes: set[str],
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.client = client
@@ -78,6 +80,10 @@ class DockerSession(EnvironmentSession):
         self.resolver_image = resolver_image
         self.labels = labels
         self.workdir = workdir
+        self.runtime = runtime
+        # Runtimes this environment has seen meet the namespace's rules (shared by its
+        # sessions: bypassing netfilter is a property of the runtime, not of a sandbox).
+        self.verified_runtimes = verified_runtimes
 
     async def exec(
         self,
@@ -258,6 +264,20 @@ class DockerSession(EnvironmentSession):
             probe_candidates=[(self.gateway, DISCARD_PORT)],
         )
         self.resolution = resolved
+        await self.check_runtime(policy)
+
+    async def check_runtime(self, policy: NetworkPolicy) -> None:
+        """Once per runtime, the first policy that forbids anything is probed from inside
+        the sandbox container too (see `probe_from_sandbox`)."""
+        if self.runtime in self.verified_runtimes or self.resolution is None:
+            return
+        probe = forbidden_probe(policy, self.resolution, [(self.gateway, DISCARD_PORT)])
+        if probe is None:
+            return
+        await probe_from_sandbox(
+            self.client.api, self.tokens, self.holder, self.sandbox, probe, self.runtime
+        )
+        self.verified_runtimes.add(self.runtime)
 
 
 @asynccontextmanager
