@@ -44,3 +44,11 @@ async def test_a_cancelled_stoppable_call_returns_promptly_after_its_thread() ->
 
 async def test_an_uncancelled_stoppable_call_returns_its_value() -> None:
     assert await run_stoppable("unit", 1, lambda stop: stop.is_set()) is False
+
+
+async def test_a_stoppable_call_raises_its_own_error() -> None:
+    def fail(stop: threading.Event) -> None:
+        raise ValueError("from the thread")
+
+    with pytest.raises(ValueError, match="from the thread"):
+        await run_stoppable("unit", 1, fail)

@@ -52,14 +52,19 @@ async def run_stoppable(key: str, tokens: int, fn: Callable[[threading.Event], T
         finally:
             stop.set()
 
+    failures: list[Exception] = []
     async with anyio.create_task_group() as group:
         group.start_soon(stop_when_cancelled)
         try:
             results.append(await run_blocking(key, tokens, fn, stop))
+        except Exception as exc:  # raised as itself below, not in the group's ExceptionGroup
+            failures.append(exc)
         finally:
             group.cancel_scope.cancel()
     # The thread's value must not hide the caller's cancellation.
     await checkpoint_if_cancelled()
+    if failures:
+        raise failures[0]
     return results[0]
 
 
