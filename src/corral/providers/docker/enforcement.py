@@ -203,7 +203,7 @@ def _copy_busybox(api: Engine, holder: str, sandbox: str, name: str) -> None:
     try:
         api.put_archive(sandbox, "/", out.getvalue())
     except APIError as exc:
-        raise ProviderError(f"could not put corral's probe into the sandbox: {exc}") from None
+        raise ProviderError(f"putting corral's probe into the sandbox failed: {exc}") from None
 
 
 async def probe_from_sandbox(

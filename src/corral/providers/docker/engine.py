@@ -61,9 +61,27 @@ def transient(exc: BaseException) -> bool:
 
 async def call(tokens: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run one blocking Engine API call in a worker thread (never on the event loop)."""
-    return await run_blocking("docker", tokens, fn, *args, **kwargs)
+    try:
+        return await run_blocking("docker", tokens, fn, *args, **kwargs)
+    except APIError:
+        raise
+    except requests.RequestException as exc:
+        raise _lost(fn, exc) from None
 
 
 async def idempotent(tokens: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """`call`, retried on transient engine errors; only for calls safe to repeat."""
-    return await run_idempotent(transient, "docker", tokens, fn, *args, **kwargs)
+    try:
+        return await run_idempotent(transient, "docker", tokens, fn, *args, **kwargs)
+    except APIError:
+        raise
+    except requests.RequestException as exc:
+        raise _lost(fn, exc) from None
+
+
+def _lost(fn: Callable[..., object], exc: requests.RequestException) -> ProviderError:
+    # The engine's own answers (APIError, an HTTPError too) are left to the callers, which
+    # know what a 404 or 409 means there; a connection that broke or timed out means
+    # nothing but itself.
+    name = getattr(fn, "__name__", repr(fn))
+    return ProviderError(f"Docker Engine call {name} failed: {exc}")

@@ -259,17 +259,22 @@ class DockerEnvironment(BaseEnvironment):
             port_bindings={p: ("127.0.0.1", None) for p in cfg.published_ports} or None,
             pids_limit=64,
         )
-        await call(
-            tokens,
-            client.api.create_container,
-            cfg.holder_image,
-            sleep_until(labels[EXPIRES_AT]),
-            name=holder_names[0],
-            labels={**labels, "corral.role": "holder"},
-            host_config=holder_config,
-            ports=list(cfg.published_ports) or None,
-        )
-        await call(tokens, client.api.start, holder_names[0])
+        try:
+            await call(
+                tokens,
+                client.api.create_container,
+                cfg.holder_image,
+                sleep_until(labels[EXPIRES_AT]),
+                name=holder_names[0],
+                labels={**labels, "corral.role": "holder"},
+                host_config=holder_config,
+                ports=list(cfg.published_ports) or None,
+            )
+            await call(tokens, client.api.start, holder_names[0])
+        except APIError as exc:
+            raise ProviderError(
+                f"starting the holder from image {cfg.holder_image!r} failed: {exc}"
+            ) from None
         holder = await _running(
             client, tokens, holder_names[0], labels, f"holder from image {cfg.holder_image!r}"
         )
@@ -339,7 +344,7 @@ class DockerEnvironment(BaseEnvironment):
             await call(tokens, client.api.start, sandbox)
         except APIError as exc:
             raise ProviderError(
-                f"starting the sandbox from image {image!r} failed: {exc.explanation}"
+                f"starting the sandbox from image {image!r} failed: {exc}"
             ) from None
         started = await _running(
             client,

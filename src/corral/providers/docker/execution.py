@@ -20,7 +20,7 @@ from corral.core.capture import Capture
 from corral.core.markers import MARKER, kill_tree_argv, new_marker
 from corral.core.session import TIMEOUT_RETURNCODE, ExecResult, OutputCallback, Stream
 from corral.errors import ProviderError
-from corral.providers.docker.engine import Engine, call
+from corral.providers.docker.engine import Engine, call, idempotent
 
 _STREAMS: dict[int, Stream] = {1: "stdout", 2: "stderr"}
 
@@ -59,7 +59,7 @@ async def run_exec(
     except NotFound as exc:
         raise ProviderError(f"sandbox container {container[:12]} is gone: {exc}") from None
     except APIError as exc:
-        raise ProviderError(f"exec in {container[:12]} failed: {exc.explanation}") from None
+        raise ProviderError(f"exec in {container[:12]} failed: {exc}") from None
     sock: socket.socket = getattr(raw, "_sock", raw)
     timed_out = False
     finished = False
@@ -104,7 +104,10 @@ async def kill_tree(
 async def _exit_code(api: Engine, tokens: int, exec_id: str) -> int | None:
     # The stream can close a moment before the engine records the exit.
     for _ in range(50):
-        info: dict[str, Any] = await call(tokens, api.exec_inspect, exec_id)
+        try:
+            info: dict[str, Any] = await idempotent(tokens, api.exec_inspect, exec_id)
+        except APIError as exc:
+            raise ProviderError(f"exec {exec_id[:12]}: exec_inspect failed: {exc}") from None
         if not info.get("Running") and info.get("ExitCode") is not None:
             return int(info["ExitCode"])
         await anyio.sleep(0.02)

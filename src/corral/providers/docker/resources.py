@@ -135,7 +135,7 @@ async def create_network(
     except APIError as exc:
         if "overlap" in str(exc).lower():
             raise SubnetTaken(str(subnet)) from None
-        raise ProviderError(f"creating network {name!r} failed: {exc.explanation}") from None
+        raise ProviderError(f"creating network {name!r} failed: {exc}") from None
 
 
 def pick_subnet6(pool: str | None) -> ipaddress.IPv6Network | None:
