@@ -5,7 +5,6 @@ keeps), and the next switch fails closed."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import anyio
@@ -17,32 +16,12 @@ from corral.providers.docker import DockerEnvironment
 from corral.providers.docker.session import DockerSession
 from corral.testing.plugin import EgressTarget
 from tests.integration.conftest import ALLOWED_IP, TCP_PORT
+from tests.integration.disrupt import exec_while
 from tests.integration.docker.conftest import TEST_IMAGE, leftovers
 
 pytestmark = pytest.mark.anyio
 
 PLAN = ExecutionPlan(image=TEST_IMAGE, network=NetworkSchedule(baseline=NetworkPolicy.no_network()))
-
-
-async def _kill_during_exec(engine: Any, container: str, session: DockerSession) -> str:
-    """Kill `container` through the engine while `sleep 60` runs; what the exec did."""
-    outcome = "returned"
-    started = time.monotonic()
-
-    async def kill_soon() -> None:
-        await anyio.sleep(1.0)
-        await anyio.to_thread.run_sync(engine.api.kill, container)
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(kill_soon)
-        with anyio.fail_after(20):  # never a hang
-            try:
-                result = await session.exec(["sleep", "60"])
-                outcome = f"returned {result.returncode}"
-            except CorralError as exc:
-                outcome = f"raised {type(exc).__name__}: {exc}"
-    assert time.monotonic() - started < 15, outcome
-    return outcome
 
 
 async def test_sandbox_killed_mid_exec(
@@ -51,7 +30,8 @@ async def test_sandbox_killed_mid_exec(
     session = await docker_env.open(PLAN)
     assert isinstance(session, DockerSession)
     try:
-        outcome = await _kill_during_exec(engine, session.sandbox, session)
+        outcome, took = await exec_while(session, lambda: engine.api.kill(session.sandbox))
+        assert took < 15, outcome
         # The command did not finish: killed with its container (SIGKILL: 137), or lost.
         assert outcome != "returned 0", outcome
         with pytest.raises(CorralError):

@@ -3,7 +3,6 @@ outcome (never a hang), the session runs no other command, and `close` cleans up
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import anyio
@@ -12,6 +11,7 @@ import pytest
 from corral import ExecutionPlan, NetworkPolicy, NetworkSchedule
 from corral.errors import CorralError
 from corral.providers.k8s.session import KubernetesSession
+from tests.integration.disrupt import exec_while
 from tests.integration.k8s.conftest import TEST_IMAGE, make_env
 
 pytestmark = pytest.mark.anyio
@@ -24,27 +24,14 @@ async def test_pod_deleted_mid_exec(cluster: Any, namespace: str) -> None:
     )
     session = await env.open(plan)
     assert isinstance(session, KubernetesSession)
-    outcome = "returned"
     try:
-
-        async def delete_soon() -> None:
-            await anyio.sleep(1.0)
-            await anyio.to_thread.run_sync(
-                lambda: cluster.core.delete_namespaced_pod(
-                    session.target.pod, namespace, grace_period_seconds=0
-                )
-            )
-
-        started = time.monotonic()
-        async with anyio.create_task_group() as group:
-            group.start_soon(delete_soon)
-            with anyio.fail_after(30):  # never a hang
-                try:
-                    result = await session.exec(["sleep", "60"])
-                    outcome = f"returned {result.returncode}"
-                except CorralError as exc:
-                    outcome = f"raised {type(exc).__name__}: {exc}"
-        assert time.monotonic() - started < 20, outcome
+        outcome, took = await exec_while(
+            session,
+            lambda: cluster.core.delete_namespaced_pod(
+                session.target.pod, namespace, grace_period_seconds=0
+            ),
+        )
+        assert took < 20, outcome
         assert outcome != "returned 0", outcome
         with anyio.fail_after(60):
             while True:  # the Pod is gone for good: no command runs in a successor
