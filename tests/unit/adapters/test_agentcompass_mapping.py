@@ -7,6 +7,7 @@ exercised on Docker by tests/integration/adapters/test_agentcompass_docker.py.
 from __future__ import annotations
 
 from importlib.util import find_spec
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -107,3 +108,33 @@ async def test_open_exec_files_close_on_local(tmp_path: Any) -> None:
     assert inner.closed
     with pytest.raises(RuntimeError, match="corral gc"):
         await env.close(session_id=inner.id)
+
+
+async def test_every_switch_after_the_run_ends_the_phase(tmp_path: Any) -> None:
+    ac = contract()
+    env: Any = define(ac, "local")()
+    environment = SimpleNamespace(params={}, setup={"workdir": str(tmp_path)})
+    plan = SimpleNamespace(
+        environment=SimpleNamespace(**vars(environment), baseline_network_policy="public"),
+        run_network_policy=None,
+        evaluation_network_policy=None,
+        task_id="t1",
+    )
+    session = await env.open(SimpleNamespace(benchmark=SimpleNamespace(id="b")), plan)
+    try:
+        await session.set_network_policy("public")  # baseline -> run: the agent's phase
+        started = await session.exec(
+            "setsid sleep 300 >/dev/null 2>&1 & sleep 0.5; echo $!", shell=True
+        )
+        pid = int(started.stdout)
+        assert _running(pid)
+        await session.set_network_policy("public")  # run -> evaluation
+        assert not _running(pid), "a run-phase process lives into evaluation"
+    finally:
+        assert await session.close()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting for its parent."""
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"

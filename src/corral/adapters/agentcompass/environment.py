@@ -53,6 +53,7 @@ def define(ac: Contract, provider_id: str) -> type[Any]:
             self.inner = inner
             self.network_policy = policy
             self.default_workdir = workdir or None
+            self.switches = 0
 
         async def exec(
             self,
@@ -100,6 +101,12 @@ def define(ac: Contract, provider_id: str) -> type[Any]:
 
         async def set_network_policy(self, policy: Any) -> None:
             resolved = ac.NetworkPolicy.from_value(policy)
+            # AgentCompass switches baseline -> run first; every later call (run ->
+            # evaluation, then back to the baseline) ends a phase, so what that phase
+            # started is ended first, as TaskRun does, even when the policy stays the same.
+            self.switches += 1
+            if self.switches > 1:
+                await self.inner.end_workload()
             if resolved == self.network_policy:
                 return
             await self.inner.set_network_policy(corral_policy(resolved))
