@@ -86,16 +86,7 @@ def test_register_offers_installed_providers_with_their_capabilities() -> None:
 
 
 async def test_open_exec_files_close_on_local(tmp_path: Any) -> None:
-    ac = contract()
-    env: Any = define(ac, "local")()
-    environment = SimpleNamespace(params={}, setup={"workdir": str(tmp_path)})
-    plan = SimpleNamespace(
-        environment=SimpleNamespace(**vars(environment), baseline_network_policy="public"),
-        run_network_policy=None,
-        evaluation_network_policy=None,
-        task_id="t1",
-    )
-    session = await env.open(SimpleNamespace(benchmark=SimpleNamespace(id="b")), plan)
+    env, session = await _open_local(tmp_path)
     inner = session.inner
     result = await session.exec(["sh", "-c", "pwd; echo $X"], env={"X": "y"})
     assert (result.returncode, result.stdout) == (0, f"{tmp_path}\ny\n")
@@ -111,16 +102,7 @@ async def test_open_exec_files_close_on_local(tmp_path: Any) -> None:
 
 
 async def test_every_switch_after_the_run_ends_the_phase(tmp_path: Any) -> None:
-    ac = contract()
-    env: Any = define(ac, "local")()
-    environment = SimpleNamespace(params={}, setup={"workdir": str(tmp_path)})
-    plan = SimpleNamespace(
-        environment=SimpleNamespace(**vars(environment), baseline_network_policy="public"),
-        run_network_policy=None,
-        evaluation_network_policy=None,
-        task_id="t1",
-    )
-    session = await env.open(SimpleNamespace(benchmark=SimpleNamespace(id="b")), plan)
+    _, session = await _open_local(tmp_path)
     try:
         await session.set_network_policy("public")  # baseline -> run: the agent's phase
         started = await session.exec(
@@ -138,3 +120,16 @@ def _running(pid: int) -> bool:
     """Alive and not a zombie waiting for its parent."""
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def _open_local(workdir: Path) -> tuple[Any, Any]:
+    """A `corral-local` AgentCompass environment and a session of it in `workdir`."""
+    env: Any = define(contract(), "local")()
+    environment = SimpleNamespace(params={}, setup={"workdir": str(workdir)})
+    plan = SimpleNamespace(
+        environment=SimpleNamespace(**vars(environment), baseline_network_policy="public"),
+        run_network_policy=None,
+        evaluation_network_policy=None,
+        task_id="t1",
+    )
+    return env, await env.open(SimpleNamespace(benchmark=SimpleNamespace(id="b")), plan)
