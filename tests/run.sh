@@ -13,6 +13,7 @@ TOOLS=(
   "iptables:iptables" "ip6tables:iptables" "debootstrap:debootstrap"
   "busybox:busybox-static" "tini:tini" "nc:netcat-openbsd" "unshare:util-linux"
   "setpriv:util-linux" "ip:iproute2" "git:git" "gcc:gcc" "curl:curl" "ipset:ipset"
+  "python3:python3" "ctr:containerd" "sed:sed"
   "conntrack:conntrack" "containerd:containerd" "runc:runc" "openssl:openssl"
 )
 preflight() {

@@ -8,8 +8,10 @@ import threading
 
 
 def serve_tcp(host: str = "127.0.0.1") -> tuple[socket.socket, threading.Thread]:
-    """A loopback listener that accepts, answers `ok` and closes, until its socket closes."""
-    server = socket.create_server((host, 0))
+    """A listener on `host` (IPv4 or IPv6) that accepts, answers `ok` and closes, until its
+    socket closes; a client that hangs up first does not stop it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    server = socket.create_server((host, 0), family=family)
 
     def loop() -> None:
         while True:
@@ -17,7 +19,7 @@ def serve_tcp(host: str = "127.0.0.1") -> tuple[socket.socket, threading.Thread]
                 conn, _ = server.accept()
             except OSError:
                 return
-            with conn:
+            with conn, contextlib.suppress(OSError):
                 conn.sendall(b"ok\n")
 
     thread = threading.Thread(target=loop, daemon=True, name="corral-egress-target")

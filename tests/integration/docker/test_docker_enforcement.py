@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +12,7 @@ import pytest
 from corral import EnvironmentSession, ExecutionPlan, NetworkPolicy, NetworkSchedule
 from corral.providers.docker import DockerEnvironment
 from corral.testing.plugin import EgressTarget
-from corral.testing.servers import stop_server
+from corral.testing.servers import serve_tcp, stop_server
 from tests.integration.conftest import ALLOWED_IP, ALLOWED_IP6, DENIED_IP, DENIED_IP6
 from tests.integration.docker.conftest import TEST_IMAGE, make_env
 
@@ -187,25 +185,10 @@ async def test_failed_switch_keeps_the_old_policy(
 @pytest.fixture(scope="module")
 def ipv6_targets(target_link: None) -> Iterator[list[EgressTarget]]:
     """TCP listeners on the host's IPv6 test addresses."""
-    servers = [
-        socket.create_server((address, 0), family=socket.AF_INET6)
-        for address in (ALLOWED_IP6, DENIED_IP6)
-    ]
-    threads = [threading.Thread(target=_accept_forever, args=(s,), daemon=True) for s in servers]
-    for thread in threads:
-        thread.start()
-    yield [EgressTarget(s.getsockname()[0], s.getsockname()[1]) for s in servers]
-    for server, thread in zip(servers, threads, strict=True):
-        stop_server(server, thread)
-
-
-def _accept_forever(server: socket.socket) -> None:
-    while True:
-        try:
-            conn, _ = server.accept()
-        except OSError:
-            return
-        conn.close()
+    servers = [serve_tcp(address) for address in (ALLOWED_IP6, DENIED_IP6)]
+    yield [EgressTarget(*server.getsockname()[:2]) for server, _ in servers]
+    for pair in servers:
+        stop_server(*pair)
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import AsyncIterator, Iterator
 
 import anyio
@@ -14,7 +12,7 @@ from corral.providers.docker import DockerEnvironment
 from corral.providers.docker.session import DockerSession
 from corral.testing.escapes import EscapeTargets, catalogue, escapes, failed_controls
 from corral.testing.plugin import EgressTarget
-from corral.testing.servers import stop_server
+from corral.testing.servers import serve_tcp, stop_server
 from tests.integration.conftest import (
     ALLOWED_IP,
     DENIED_IP,
@@ -29,31 +27,17 @@ pytestmark = pytest.mark.anyio
 PEER_PORT = 9000
 
 
-def _accept_forever(server: socket.socket) -> None:
-    while True:
-        try:
-            conn, _ = server.accept()
-        except OSError:
-            return
-        conn.close()
-
-
 @pytest.fixture(scope="module")
 def listeners(target_link: None) -> Iterator[dict[str, int]]:
     """Host listeners: the denied IPv6 address, the link-local one, and every address."""
     servers = {
-        "v6": socket.create_server((DENIED_IP6, 0), family=socket.AF_INET6),
-        "link-local": socket.create_server((LINK_LOCAL_IP, 0)),
-        "host": socket.create_server(("0.0.0.0", 0)),
+        "v6": serve_tcp(DENIED_IP6),
+        "link-local": serve_tcp(LINK_LOCAL_IP),
+        "host": serve_tcp("0.0.0.0"),
     }
-    threads = [
-        threading.Thread(target=_accept_forever, args=(s,), daemon=True) for s in servers.values()
-    ]
-    for thread in threads:
-        thread.start()
-    yield {name: s.getsockname()[1] for name, s in servers.items()}
-    for server, thread in zip(servers.values(), threads, strict=True):
-        stop_server(server, thread)
+    yield {name: server.getsockname()[1] for name, (server, _) in servers.items()}
+    for pair in servers.values():
+        stop_server(*pair)
 
 
 @pytest.fixture

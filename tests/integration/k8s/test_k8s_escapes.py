@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -15,7 +13,7 @@ from corral.providers.k8s import KubernetesEnvironment
 from corral.providers.k8s.session import KubernetesSession
 from corral.testing.escapes import EscapeTargets, escapes, failed_controls
 from corral.testing.plugin import EgressTarget
-from corral.testing.servers import stop_server
+from corral.testing.servers import serve_tcp, stop_server
 from tests.integration.conftest import ALLOWED_IP, DENIED_IP, LINK_LOCAL_IP, TCP_PORT, UDP_PORT
 from tests.integration.k8s.conftest import TEST_IMAGE
 
@@ -23,30 +21,16 @@ pytestmark = pytest.mark.anyio
 PEER_PORT = 9000
 
 
-def _accept_forever(server: socket.socket) -> None:
-    while True:
-        try:
-            conn, _ = server.accept()
-        except OSError:
-            return
-        conn.close()
-
-
 @pytest.fixture(scope="module")
 def listeners(target_link: None) -> Iterator[dict[str, int]]:
     """Host listeners: the link-local test address, and every address of the node."""
     servers = {
-        "link-local": socket.create_server((LINK_LOCAL_IP, 0)),
-        "host": socket.create_server(("0.0.0.0", 0)),
+        "link-local": serve_tcp(LINK_LOCAL_IP),
+        "host": serve_tcp("0.0.0.0"),
     }
-    threads = [
-        threading.Thread(target=_accept_forever, args=(s,), daemon=True) for s in servers.values()
-    ]
-    for thread in threads:
-        thread.start()
-    yield {name: s.getsockname()[1] for name, s in servers.items()}
-    for server, thread in zip(servers.values(), threads, strict=True):
-        stop_server(server, thread)
+    yield {name: server.getsockname()[1] for name, (server, _) in servers.items()}
+    for pair in servers.values():
+        stop_server(*pair)
 
 
 def plan(policy: str) -> ExecutionPlan:
