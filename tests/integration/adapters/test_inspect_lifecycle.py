@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from docker.errors import NotFound
 from inspect_ai import Task, eval  # pyright: ignore[reportUnknownVariableType]
 from inspect_ai.dataset import Sample
 from inspect_ai.scorer import includes
 from inspect_ai.solver import Generate, Solver, TaskState, solver
-from inspect_ai.util import SandboxEnvironmentSpec, sandbox
+from inspect_ai.util import SandboxEnvironmentSpec, SandboxUnavailableError, sandbox
 
-from corral import ExecutionPlan, NetworkSchedule
+from corral import ExecutionPlan, NetworkSchedule, ProviderError
 from corral.adapters.inspect import CorralSandboxConfig, CorralSandboxEnvironment
 from tests.integration.adapters.inspect_configs import DOCKER_NONROOT
 
@@ -52,18 +54,34 @@ def test_an_eval_runs_in_a_corral_sandbox(engine: Any, owner: str, tmp_path: Pat
     assert _owned(engine, owner) == []
 
 
-def test_a_failed_sample_init_leaves_nothing(engine: Any, owner: str) -> None:
+def test_a_sandbox_whose_command_ends_leaves_nothing(engine: Any, owner: str) -> None:
     # The sandbox starts (network, holder and container exist), then its command exits.
+    # Open's check races the exit (the engine reports `true` as running for a few ms
+    # after `start`), so either the init fails, or it returns a sandbox in which no
+    # command runs once the exit is seen; both leave nothing behind.
     config = CorralSandboxConfig(
         provider_config={**DOCKER_NONROOT.provider_config, "owner": owner},
         plan=ExecutionPlan(image=DOCKER_NONROOT.plan.image, command=["true"]),
     )
 
     async def init() -> None:
-        await CorralSandboxEnvironment.sample_init("failing", config, {})
+        try:
+            envs = await CorralSandboxEnvironment.sample_init("failing", config, {})
+        except ProviderError as exc:
+            assert "exited at once" in str(exc)
+            return
+        try:
+            env = envs["default"].as_type(CorralSandboxEnvironment)
+            sandboxes = {"label": [f"corral.owner={owner}", "corral.role=sandbox"]}
+            for container in engine.containers.list(filters=sandboxes):
+                with contextlib.suppress(NotFound):  # auto-removed already
+                    container.wait(timeout=10, condition="removed")
+            with pytest.raises(SandboxUnavailableError, match="is gone|not running"):
+                await env.exec(["true"])
+        finally:
+            await CorralSandboxEnvironment.sample_cleanup("failing", config, envs, False)
 
-    with pytest.raises(Exception, match="exited at once"):
-        anyio.run(init)
+    anyio.run(init)
     assert _owned(engine, owner) == []
 
 
