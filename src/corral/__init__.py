@@ -8,13 +8,16 @@ from corral.core.environment import ENVIRONMENTS, BaseEnvironment
 from corral.core.lifecycle import TaskRun
 from corral.core.plan import ExecutionPlan, Recipe, Resources, Timeouts
 from corral.core.session import EnvironmentSession, ExecResult
+from corral.core.snapshot import EnvironmentFeatures, SnapshotRef
 from corral.errors import (
     ConfigError,
     CorralError,
+    FeatureUnsupported,
     NetworkPolicyNotEnforced,
     NetworkPolicyUnsupported,
     ProviderError,
     RemotePathNotFound,
+    SessionNotFound,
     StartupTimeout,
     UnsafeArchiveMember,
 )
@@ -25,9 +28,11 @@ __all__ = [
     "BaseEnvironment",
     "ConfigError",
     "CorralError",
+    "EnvironmentFeatures",
     "EnvironmentSession",
     "ExecResult",
     "ExecutionPlan",
+    "FeatureUnsupported",
     "NetworkMode",
     "NetworkPolicy",
     "NetworkPolicyNotEnforced",
@@ -37,6 +42,8 @@ __all__ = [
     "Recipe",
     "RemotePathNotFound",
     "Resources",
+    "SessionNotFound",
+    "SnapshotRef",
     "StartupTimeout",
     "TaskRun",
     "Timeouts",

@@ -66,13 +66,14 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> N
 @list_app.command("env")
 def list_env() -> None:
     """Every provider: installed or why not, and what it can enforce."""
-    table = Table("id", "installed", "network modes", "entry types", "ports", "dynamic")
+    table = Table("id", "installed", "network modes", "entry types", "ports", "dynamic", "features")
     for env_id in ENVIRONMENTS.ids():
         status = ENVIRONMENTS.status(env_id)
         if status.provider is None:
-            table.add_row(env_id, escape(f"no: {status.reason}"), "", "", "", "")
+            table.add_row(env_id, escape(f"no: {status.reason}"), "", "", "", "", "")
             continue
         caps = status.provider.network_capabilities()
+        features = status.provider.features().model_dump(exclude={"provider"})
         table.add_row(
             env_id,
             "yes",
@@ -80,6 +81,7 @@ def list_env() -> None:
             ", ".join(sorted(t.value for t in caps.entry_types)) or "-",
             "yes" if caps.target_ports else "no",
             "yes" if caps.dynamic else "no",
+            ", ".join(k.removeprefix("supports_") for k, on in features.items() if on) or "-",
         )
     console.print(table)
 

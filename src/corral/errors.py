@@ -57,6 +57,18 @@ class FeatureUnsupported(CorralError):
     """The provider cannot serve this call; the message names the feature."""
 
 
+class SessionNotFound(CorralError, LookupError):
+    """No live sandbox of this provider and owner carries the session id."""
+
+    def __init__(self, session_id: str, detail: str = "") -> None:
+        self.session_id = session_id
+        super().__init__(f"no live sandbox has session_id {session_id!r}{detail}")
+
+
+class SessionIdTaken(ProviderError):
+    """Another open created a sandbox with this session id first (it may still be starting)."""
+
+
 class WorkspaceBusy(CorralError):
     """A live binding already holds this source or sandbox path (or one inside it)."""
 

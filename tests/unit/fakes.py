@@ -96,7 +96,9 @@ class FakeEnvironment(BaseEnvironment):
         self.concurrent = 0
         self.max_seen = 0
 
-    async def _open(self, plan: ExecutionPlan, owned: AsyncExitStack) -> EnvironmentSession:
+    async def _open(
+        self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
+    ) -> EnvironmentSession:
         self.concurrent += 1
         self.max_seen = max(self.max_seen, self.concurrent)
         try:

@@ -29,7 +29,9 @@ class LeakyOpen(FakeEnvironment):
 
     made = itertools.count()
 
-    async def _open(self, plan: ExecutionPlan, owned: AsyncExitStack) -> EnvironmentSession:
+    async def _open(
+        self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
+    ) -> EnvironmentSession:
         name = f"resource-leaky-{next(self.made)}"
         self.live.add(name)
         await anyio.lowlevel.checkpoint()

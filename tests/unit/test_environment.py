@@ -30,7 +30,9 @@ def test_open_and_close_are_final() -> None:
             async def open(self, plan: ExecutionPlan) -> EnvironmentSession:  # type: ignore[override]
                 raise AssertionError
 
-            async def _open(self, plan: ExecutionPlan, owned: AsyncExitStack) -> EnvironmentSession:
+            async def _open(
+                self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
+            ) -> EnvironmentSession:
                 raise AssertionError
 
 

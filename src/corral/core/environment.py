@@ -18,11 +18,19 @@ import anyio
 
 from corral.core.blocking import limiter
 from corral.core.config import RuntimeEnvironmentConfig
+from corral.core.labels import checked_session_id
 from corral.core.logs import event
 from corral.core.plan import RECIPES, ExecutionPlan, RecipeRegistry
 from corral.core.registry import EnvironmentRegistry
 from corral.core.session import EnvironmentSession
-from corral.errors import ConfigError, StartupTimeout
+from corral.core.snapshot import EnvironmentFeatures, SnapshotRef
+from corral.errors import (
+    ConfigError,
+    FeatureUnsupported,
+    SessionIdTaken,
+    SessionNotFound,
+    StartupTimeout,
+)
 from corral.network.capabilities import NetworkCapabilities
 from corral.network.policy import NetworkMode
 from corral.network.targets import EntryType
@@ -43,6 +51,13 @@ class BaseEnvironment(abc.ABC):
     #: mode. A provider whose sessions share one network (`local`) declares False; the
     #: conformance suite holds every other provider to it.
     isolates_sessions: ClassVar[bool] = True
+    #: `open(plan, session_id=…)` and `attach(id)` find a live sandbox, also one another
+    #: process opened (`_reattach`).
+    supports_reattach: ClassVar[bool] = False
+    #: `session.save()` and `fork(ref, plan)` (`_save`, `_from_snapshot`, `_restore`).
+    supports_snapshot: ClassVar[bool] = False
+    supports_services: ClassVar[bool] = False
+    supports_network_events: ClassVar[bool] = False
     max_concurrent_opens: ClassVar[int] = 16
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -87,6 +102,16 @@ class BaseEnvironment(abc.ABC):
         )
 
     @classmethod
+    def features(cls) -> EnvironmentFeatures:
+        return EnvironmentFeatures(
+            provider=cls.id,
+            supports_reattach=cls.supports_reattach,
+            supports_snapshot=cls.supports_snapshot,
+            supports_services=cls.supports_services,
+            supports_network_events=cls.supports_network_events,
+        )
+
+    @classmethod
     def engine_answers(cls) -> bool:
         """Whether the provider's engine or cluster answers with default settings."""
         return True
@@ -101,8 +126,59 @@ class BaseEnvironment(abc.ABC):
         self.network_capabilities().check_schedule(plan.network)
         return plan
 
-    async def open(self, plan: ExecutionPlan) -> EnvironmentSession:
+    async def open(
+        self,
+        plan: ExecutionPlan,
+        *,
+        session_id: str | None = None,
+        from_snapshot: SnapshotRef | None = None,
+    ) -> EnvironmentSession:
+        """A new sandbox under the plan's baseline policy.
+
+        With `session_id`, opening is idempotent: a live sandbox with that id (opened by
+        any process) is reattached as it is, with the policy it has; it is never
+        duplicated. With `from_snapshot`, the sandbox starts from a saved state (`fork`).
+        """
+        if session_id is not None:
+            session_id = checked_session_id(session_id)
+            self._require("reattach", self.supports_reattach)
+            found = await self._reattach(session_id)
+            if found is not None:
+                return self._adopt(*found, how="reattached")
+        if from_snapshot is not None:
+            self._require("snapshot", self.supports_snapshot)
+            if from_snapshot.provider != self.id:
+                raise ConfigError(
+                    f"snapshot {from_snapshot.id!r} was saved by provider "
+                    f"{from_snapshot.provider!r}, not {self.id!r}"
+                )
+            plan = await self._from_snapshot(from_snapshot, plan)
         plan = self.prepare(plan)
+        try:
+            return await self._open_new(plan, session_id, from_snapshot)
+        except SessionIdTaken:
+            assert session_id is not None
+            return await self._await_other_open(session_id, plan.timeouts.startup_s)
+
+    async def attach(self, session_id: str) -> EnvironmentSession:
+        """A working session for the live sandbox `session_id`, with the policy read back
+        from the provider; `SessionNotFound` if there is none. Closing it removes the
+        sandbox, as closing the session that opened it would."""
+        session_id = checked_session_id(session_id)
+        self._require("reattach", self.supports_reattach)
+        found = await self._reattach(session_id)
+        if found is None:
+            raise SessionNotFound(session_id, f" for provider {self.id!r}")
+        return self._adopt(*found, how="attached")
+
+    async def fork(self, ref: SnapshotRef, plan: ExecutionPlan) -> EnvironmentSession:
+        """A new sandbox started from `ref`: its own id and schedule, the plan's baseline
+        policy, none of the parent's processes."""
+        return await self.open(plan, from_snapshot=ref)
+
+    async def _open_new(
+        self, plan: ExecutionPlan, session_id: str | None, snapshot: SnapshotRef | None
+    ) -> EnvironmentSession:
         opt_ins = self.config.opt_ins()
         if opt_ins:
             event(log, "warning", "unsafe configuration in force", provider=self.id, **opt_ins)
@@ -112,7 +188,9 @@ class BaseEnvironment(abc.ABC):
             async with limiter(f"open:{self.id}", self.max_concurrent_opens):
                 try:
                     with anyio.fail_after(plan.timeouts.startup_s):
-                        session = await self._open(plan, owned)
+                        session = await self._open(plan, owned, session_id=session_id)
+                        if snapshot is not None:
+                            await self._restore(session, snapshot)
                 except TimeoutError as exc:
                     raise StartupTimeout(
                         f"provider {self.id!r} did not open a sandbox within "
@@ -140,9 +218,42 @@ class BaseEnvironment(abc.ABC):
             image=session.image,
             phase="baseline",
             mode=session.policy.network_mode.value,
+            **({"snapshot": snapshot.id} if snapshot else {}),
             duration_s=round(anyio.current_time() - started, 3),
         )
         return session
+
+    async def _await_other_open(self, session_id: str, startup_s: float) -> EnvironmentSession:
+        """Another open of the same id won the race: wait for it to finish, then attach."""
+        with anyio.move_on_after(startup_s):
+            while True:
+                found = await self._reattach(session_id)
+                if found is not None:
+                    return self._adopt(*found, how="reattached")
+                await anyio.sleep(0.2)
+        raise StartupTimeout(
+            f"session_id {session_id!r} is being opened by another caller and was not "
+            f"ready within timeouts.startup_s={startup_s}"
+        )
+
+    def _adopt(
+        self, session: EnvironmentSession, owned: AsyncExitStack, *, how: str
+    ) -> EnvironmentSession:
+        session.environment = self
+        session.owned = owned
+        event(
+            log,
+            "info",
+            f"sandbox {how}",
+            provider=self.id,
+            sandbox=session.id,
+            mode=session.policy.network_mode.value,
+        )
+        return session
+
+    def _require(self, feature: str, supported: bool) -> None:
+        if not supported:
+            raise FeatureUnsupported(f"provider {self.id!r} does not support {feature}")
 
     async def close(self, session: EnvironmentSession) -> None:
         """Remove exactly what `session` owns; idempotent and safe under cancellation."""
@@ -174,8 +285,26 @@ class BaseEnvironment(abc.ABC):
             await self.close(sandbox)
 
     @abc.abstractmethod
-    async def _open(self, plan: ExecutionPlan, owned: AsyncExitStack) -> EnvironmentSession:
-        """Create the sandbox; push an undo onto `owned` right after each resource."""
+    async def _open(
+        self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
+    ) -> EnvironmentSession:
+        """Create the sandbox (named `session_id` when given, else a new id); push an
+        undo onto `owned` right after each resource. A sandbox that already carries
+        `session_id` raises `SessionIdTaken` before anything is created."""
+
+    async def _reattach(self, session_id: str) -> tuple[EnvironmentSession, AsyncExitStack] | None:
+        """The live, fully opened sandbox `session_id` of this owner, and an exit stack that
+        removes exactly its resources; None if there is none (or it is still opening)."""
+        raise FeatureUnsupported(f"provider {self.id!r} does not support reattach")
+
+    async def _from_snapshot(self, ref: SnapshotRef, plan: ExecutionPlan) -> ExecutionPlan:
+        """The plan a fork of `ref` opens with (e.g. the snapshot's image)."""
+        return plan
+
+    async def _restore(self, session: EnvironmentSession, ref: SnapshotRef) -> None:
+        """Put `ref`'s saved state into the just-opened `session` (before it is returned);
+        a provider whose `_from_snapshot` plan already carries it has nothing to do."""
+        return None
 
     async def gc(self) -> list[str]:
         """Remove expired resources carrying this owner's labels; returns what went."""

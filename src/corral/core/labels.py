@@ -7,21 +7,35 @@ import secrets
 import time
 from collections.abc import Mapping
 
+from corral.errors import ConfigError
+
 OWNER = "corral.owner"
 SESSION = "corral.session"
 EXPIRES_AT = "corral.expires-at"
 
-_SESSION_ID = re.compile(r"^[a-z0-9]{12}$")
+# Valid inside container, Pod, NetworkPolicy and label names alike, with room for the
+# longest suffix corral adds (`-holder-pooled`, `corral-…-resolver-xxxxxx`).
+_SESSION_ID = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
 
 
 def new_session_id() -> str:
-    """12 lowercase alphanumerics: valid in container, pod and label names alike."""
+    """12 lowercase alphanumerics."""
     alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
     return "".join(secrets.choice(alphabet) for _ in range(12))
 
 
 def is_session_id(value: str) -> bool:
     return bool(_SESSION_ID.match(value))
+
+
+def checked_session_id(value: str) -> str:
+    """`value` if a caller may name a session so, else a `ConfigError` naming it."""
+    if not isinstance(value, str) or not is_session_id(value):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ConfigError(
+            f"session_id {value!r} must be 1 to 32 lowercase letters, digits or '-', "
+            "starting and ending with a letter or digit"
+        )
+    return value
 
 
 def session_labels(

@@ -29,10 +29,12 @@ from pydantic import BaseModel, ConfigDict
 
 from corral.core.logs import event
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
+from corral.core.snapshot import SnapshotRef
 from corral.errors import (
     FeatureUnsupported,
     NetworkPolicyNotEnforced,
     NetworkPolicyUnsupported,
+    ProviderError,
     WorkloadNotStopped,
 )
 from corral.network.policy import NetworkPolicy
@@ -216,6 +218,29 @@ class EnvironmentSession(abc.ABC):
     async def _end_workload(self) -> None:
         """Provider hook: kill everything in the sandbox, verify it from a trusted view."""
         raise FeatureUnsupported(f"{type(self).__name__} cannot end a phase's processes")
+
+    async def save(self) -> SnapshotRef:
+        """Persist the sandbox's state (files, not processes or policy) and return a
+        reference `BaseEnvironment.fork` starts from. `FeatureUnsupported` where the
+        provider cannot."""
+        if self.closed:
+            raise ProviderError(f"session {self.id!r} is closed; there is nothing to save")
+        started = anyio.current_time()
+        ref = await self._save()
+        event(
+            log,
+            "info",
+            "sandbox saved",
+            sandbox=self.id,
+            snapshot=ref.id,
+            duration_s=round(anyio.current_time() - started, 3),
+        )
+        return ref
+
+    async def _save(self) -> SnapshotRef:
+        """Provider hook: persist the state, labelled to expire like the provider's other
+        resources."""
+        raise FeatureUnsupported(f"{type(self).__name__} cannot save a snapshot")
 
     async def _close_after(self, reason: str) -> None:
         env = self.environment

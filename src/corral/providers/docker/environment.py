@@ -203,22 +203,29 @@ class DockerEnvironment(BaseEnvironment):
         self, plan: ExecutionPlan, owned: AsyncExitStack, pooling: Pooling
     ) -> DockerSession:
         async with limiter(f"open:{self.id}", self.max_concurrent_opens):
-            return await self._create(plan, owned, pooling)
+            return await self._create(plan, owned, pooling, None)
 
-    async def _open(self, plan: ExecutionPlan, owned: AsyncExitStack) -> EnvironmentSession:
-        if self._pool is not None:
+    async def _open(
+        self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
+    ) -> EnvironmentSession:
+        # A pooled sandbox already has its own id, so a chosen id is always made anew.
+        if self._pool is not None and session_id is None:
             session = await self._pool.take(plan, owned)
             if session is not None:
                 return session
-        return await self._create(plan, owned, None)
+        return await self._create(plan, owned, None, session_id)
 
     async def _create(
-        self, plan: ExecutionPlan, owned: AsyncExitStack, pooling: Pooling | None
+        self,
+        plan: ExecutionPlan,
+        owned: AsyncExitStack,
+        pooling: Pooling | None,
+        session_id: str | None,
     ) -> DockerSession:
         cfg = self.config
         tokens = cfg.max_workers
         client = await self.client()
-        sid = new_session_id()
+        sid = session_id or new_session_id()
         lifetime = plan.timeouts.max_lifetime_s or cfg.default_lifetime_s
         extra = {**cfg.labels, **plan.labels}
         holder_names = [holder_name(sid)]

@@ -96,7 +96,9 @@ class KubernetesEnvironment(BaseEnvironment):
                 f"the Kubernetes API server at {clients.host} does not answer: {exc}"
             ) from None
 
-    async def _open(self, plan: ExecutionPlan, owned: AsyncExitStack) -> EnvironmentSession:
+    async def _open(
+        self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
+    ) -> EnvironmentSession:
         cfg = self.config
         tokens = cfg.max_workers
         clients = await self.clients()
@@ -104,7 +106,7 @@ class KubernetesEnvironment(BaseEnvironment):
         image = plan.require_image(self.id)
         if not isinstance(image, str):
             raise ConfigError(f"native selector {image!r} is not supported by k8s; give an image")
-        sid = new_session_id()
+        sid = session_id or new_session_id()
         lifetime = plan.timeouts.max_lifetime_s or cfg.default_lifetime_s
         labels = session_labels(cfg.owner, sid, lifetime, {**cfg.labels, **plan.labels})
         name = f"corral-{sid}"

@@ -54,8 +54,10 @@ class LocalEnvironment(BaseEnvironment):
     def network_capabilities(cls) -> NetworkCapabilities:
         return NetworkCapabilities(provider=cls.id, modes=cls.supported_network_modes)
 
-    async def _open(self, plan: ExecutionPlan, owned: AsyncExitStack) -> EnvironmentSession:
-        session_id = new_session_id()
+    async def _open(
+        self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
+    ) -> EnvironmentSession:
+        session_id = session_id or new_session_id()
         root = self.config.root_dir or Path(tempfile.gettempdir())
         workspace = Path(
             await anyio.to_thread.run_sync(
