@@ -12,7 +12,7 @@ import anyio
 from corral.core.environment import BaseEnvironment
 from corral.core.plan import ExecutionPlan
 from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback
-from corral.errors import WorkloadNotStopped
+from corral.errors import SessionIdTaken, WorkloadNotStopped
 from corral.network.policy import NetworkMode, NetworkPolicy
 from corral.network.targets import EntryType
 
@@ -20,8 +20,8 @@ _ids = itertools.count()
 
 
 class FakeSession(EnvironmentSession):
-    def __init__(self, env: FakeEnvironment, policy: NetworkPolicy) -> None:
-        super().__init__(id=f"fake{next(_ids):08d}", policy=policy)
+    def __init__(self, env: FakeEnvironment, policy: NetworkPolicy, id: str | None = None) -> None:
+        super().__init__(id=id or f"fake{next(_ids):08d}", policy=policy)
         self.fake = env
 
     async def exec(
@@ -114,3 +114,56 @@ class FakeEnvironment(BaseEnvironment):
             return self.session_type(self, plan.network.baseline)
         finally:
             self.concurrent -= 1
+
+
+class Sandboxes:
+    """What a provider's engine would hold: live sandboxes by session id, shared by every
+    environment object (standing in for other processes), each with its enforced policy."""
+
+    def __init__(self) -> None:
+        self.policies: dict[str, NetworkPolicy] = {}
+        self.opening: set[str] = set()
+        self.creates = 0
+
+
+class ReattachableSession(FakeSession):
+    async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
+        await super()._apply_network_policy(policy)
+        assert isinstance(self.fake, ReattachableEnvironment)
+        self.fake.sandboxes.policies[self.id] = policy
+
+
+class ReattachableEnvironment(FakeEnvironment):
+    """A fake whose sandboxes outlive the environment object, found again by session id."""
+
+    session_type = ReattachableSession
+    supports_reattach = True
+
+    def __init__(self, sandboxes: Sandboxes, *, open_delay_s: float = 0.0) -> None:
+        super().__init__(steps=1)
+        self.sandboxes = sandboxes
+        self.open_delay_s = open_delay_s
+
+    async def _open(
+        self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
+    ) -> EnvironmentSession:
+        held = self.sandboxes
+        sid = session_id or f"fake{next(_ids):08d}"
+        if sid in held.policies or sid in held.opening:
+            raise SessionIdTaken(f"session id {sid!r} exists")
+        held.opening.add(sid)
+        held.creates += 1
+        owned.callback(held.opening.discard, sid)
+        owned.callback(held.policies.pop, sid, None)
+        await anyio.sleep(self.open_delay_s)
+        held.policies[sid] = plan.network.baseline
+        held.opening.discard(sid)
+        return ReattachableSession(self, plan.network.baseline, sid)
+
+    async def _reattach(self, session_id: str) -> tuple[EnvironmentSession, AsyncExitStack] | None:
+        policy = self.sandboxes.policies.get(session_id)
+        if policy is None:
+            return None
+        owned = AsyncExitStack()
+        owned.callback(self.sandboxes.policies.pop, session_id, None)
+        return ReattachableSession(self, policy, session_id), owned
