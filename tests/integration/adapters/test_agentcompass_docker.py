@@ -1,8 +1,8 @@
 """`corral-docker` through the real AgentCompass package, on a real Docker Engine.
 
-AgentCompass needs Python >= 3.12; where it is not installed (the project's 3.11
-environment) this module skips with that reason. Run it in a 3.12 environment that has
-`corral[docker]` and `agentcompass` installed.
+AgentCompass needs Python >= 3.12; in the project's 3.11 environment this module skips
+with that reason, and `tests/run.sh` runs it again in its Python 3.12 stage (`.venv-3.12`,
+the same lock file with every extra).
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import pytest
 from corral.adapters.agentcompass.contract import load
 from tests.integration.docker.conftest import HOLDER_IMAGE, TEST_IMAGE
 
-pytest.importorskip("agentcompass", reason="AgentCompass needs Python >= 3.12 and is not installed")
+pytest.importorskip(
+    "agentcompass",
+    reason="AgentCompass needs Python >= 3.12; tests/run.sh runs this in its 3.12 stage",
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
