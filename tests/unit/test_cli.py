@@ -12,6 +12,8 @@ def test_list_env_shows_local_with_its_modes() -> None:
     assert result.exit_code == 0, result.output
     local = next(line for line in result.output.splitlines() if "│ local" in line)
     assert "public" in local and "yes" in local
+    assert "features" in result.output
+    assert local.rstrip(" │").endswith("snapshot")  # and no reattach: see LocalEnvironment
 
 
 def test_config_docs_documents_every_field() -> None:

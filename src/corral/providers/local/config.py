@@ -32,6 +32,17 @@ class LocalConfig(RuntimeEnvironmentConfig):
         "killed before the session is closed",
     )
 
+    snapshot_dir: Path | None = Field(
+        default=None,
+        description="directory that keeps `session.save()` copies of workspaces "
+        "(default: $XDG_CACHE_HOME/corral/snapshots/local)",
+    )
+    snapshot_lifetime_s: float = Field(
+        default=86400.0,
+        gt=0,
+        description="seconds a saved workspace is kept before `corral gc` removes it",
+    )
+
     @field_validator("root_dir")
     @classmethod
     def _root_exists(cls, value: Path | None) -> Path | None:

@@ -24,6 +24,8 @@ from corral.core.labels import new_session_id
 from corral.core.plan import ExecutionPlan
 from corral.core.redact import plain_env
 from corral.core.session import EnvironmentSession
+from corral.core.snapshot import SnapshotRef
+from corral.core.snapshot_store import SnapshotShelf, default_snapshot_root
 from corral.errors import FeatureUnsupported
 from corral.network.capabilities import NetworkCapabilities
 from corral.network.policy import NetworkMode
@@ -47,6 +49,9 @@ class LocalEnvironment(BaseEnvironment):
     config_model = LocalConfig
     supported_network_modes = _ProbedModes()  # type: ignore[assignment]
     isolates_sessions = False  # processes of one host share its network
+    # A session lives as long as the process that opened it (its cgroup and children are
+    # that process's), so another process cannot reattach; a saved workspace can be forked.
+    supports_snapshot = True
 
     config: LocalConfig
 
@@ -93,9 +98,29 @@ class LocalEnvironment(BaseEnvironment):
             output_limit=self.config.output_limit_bytes,
             cgroup=cgroup,
             end_workload_timeout_s=self.config.end_workload_timeout_s,
+            shelf=self._shelf(),
         )
         session.image = "host"
         return session
+
+    async def _restore(self, session: EnvironmentSession, ref: SnapshotRef) -> None:
+        assert isinstance(session, LocalSession)
+        tree = self._shelf().tree(ref)
+        await anyio.to_thread.run_sync(
+            lambda: shutil.copytree(tree, session.workspace, symlinks=True, dirs_exist_ok=True)
+        )
+
+    async def gc(self) -> list[str]:
+        return await anyio.to_thread.run_sync(self._shelf().remove_expired)
+
+    def _shelf(self) -> SnapshotShelf:
+        cfg = self.config
+        return SnapshotShelf(
+            root=cfg.snapshot_dir or default_snapshot_root(self.id),
+            provider=self.id,
+            owner=cfg.owner,
+            lifetime_s=cfg.snapshot_lifetime_s,
+        )
 
 
 async def _remove_tree(path: Path) -> None:

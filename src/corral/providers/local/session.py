@@ -9,6 +9,8 @@ import anyio
 
 from corral.core.paths import resolve_within
 from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
+from corral.core.snapshot import SnapshotRef
+from corral.core.snapshot_store import SnapshotShelf
 from corral.core.tarsafe import extract_tar, pack_dir
 from corral.errors import ConfigError, FeatureUnsupported, RemotePathNotFound
 from corral.network.policy import NetworkMode, NetworkPolicy
@@ -30,6 +32,7 @@ class LocalSession(EnvironmentSession):
         output_limit: int,
         cgroup: SessionCgroup | FeatureUnsupported,
         end_workload_timeout_s: float,
+        shelf: SnapshotShelf,
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.workspace = workspace
@@ -41,6 +44,7 @@ class LocalSession(EnvironmentSession):
         # Every exec joins the cgroup; where none could be made, this says why.
         self.cgroup = cgroup
         self._end_workload_timeout_s = end_workload_timeout_s
+        self._shelf = shelf
 
     def resolve_tmp_path(self, relative: str) -> Path:
         """A path inside the session's tmp dir; absolute paths and `..` are refused."""
@@ -85,6 +89,22 @@ class LocalSession(EnvironmentSession):
         if not isinstance(self.cgroup, SessionCgroup):
             raise FeatureUnsupported(str(self.cgroup))
         await self.cgroup.kill(self._end_workload_timeout_s)
+
+    async def _save(self) -> SnapshotRef:
+        """A copy of the workspace (the session's home); its scratch `.tmp` stays behind."""
+
+        def copy(tree: Path) -> None:
+            shutil.copytree(
+                self.workspace,
+                tree,
+                symlinks=True,
+                dirs_exist_ok=True,
+                ignore=lambda directory, _names: (
+                    [".tmp"] if directory == str(self.workspace) else []
+                ),
+            )
+
+        return await self._shelf.write(self.id, lambda tree: anyio.to_thread.run_sync(copy, tree))
 
     async def upload(self, local: str | Path, remote: str) -> None:
         target = self._path(remote)
