@@ -65,6 +65,11 @@ bash tests/integration/k8s/images.sh
 export KUBECONFIG=${KUBECONFIG:-/var/lib/corral-cluster/admin.kubeconfig}
 
 uv run --all-extras --frozen pytest "$@"
+if [ $# = 0 ]; then
+  # It restarts dockerd (stopping every container, the egress targets too): alone, last.
+  uv run --all-extras --frozen pytest -m engine_restart \
+    tests/integration/docker/test_docker_engine_restart.py
+fi
 
 # AgentCompass (and Harbor) need Python >= 3.12: the unit tests and the adapter tests that
 # need it run again in a 3.12 environment from the same lock file.

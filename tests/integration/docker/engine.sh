@@ -4,6 +4,8 @@
 #   engine.sh up      install docker.io/iptables/debootstrap/busybox-static from
 #                     Debian if missing; start dockerd unless one already answers
 #   engine.sh down    stop dockerd, but only if `up` started it (recorded pid)
+#   engine.sh restart down then up, only for a dockerd `up` started (the engine
+#                     restart test; it refuses a daemon it did not start)
 #   engine.sh status  say whether the daemon answers and who started it
 #
 # Idempotent. `up` never touches a daemon it did not start; `down` never kills
@@ -183,9 +185,17 @@ cmd_status() {
     fi
 }
 
+cmd_restart() {
+    # Only a daemon this script started: a user's engine is never restarted by the tests.
+    our_pid >/dev/null || die "dockerd was not started by engine.sh; not restarting it"
+    cmd_down
+    cmd_up
+}
+
 case ${1:-} in
     up) cmd_up ;;
     down) cmd_down ;;
+    restart) cmd_restart ;;
     status) cmd_status ;;
-    *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down|restart|status" >&2; exit 2 ;;
 esac
