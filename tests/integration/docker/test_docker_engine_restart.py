@@ -52,6 +52,7 @@ async def test_engine_restart_mid_exec(
     session = await docker_env.open(PLAN)
     assert isinstance(session, DockerSession)
     ended: dict[str, Any] = {}
+    began = 0.0
     try:
 
         async def exec_sleep() -> None:
