@@ -65,25 +65,10 @@ bash tests/integration/k8s/images.sh
 export KUBECONFIG=${KUBECONFIG:-/var/lib/corral-cluster/admin.kubeconfig}
 
 uv run --all-extras --frozen pytest "$@"
-if [ $# = 0 ]; then
-  # It restarts dockerd (stopping every container, the egress targets too): alone, last.
-  uv run --all-extras --frozen pytest -m engine_restart \
-    tests/integration/docker/test_docker_engine_restart.py
-fi
 
 # AgentCompass (and Harbor) need Python >= 3.12: the unit tests and the adapter tests that
 # need it run again in a 3.12 environment from the same lock file.
-python312() {
-  local candidate
-  for candidate in "$(command -v python3.12 || true)" \
-    "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12.*/bin/python3.12; do
-    if [ -x "$candidate" ] && "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
-      echo "$candidate"
-      return
-    fi
-  done
-  return 1
-}
+. tests/python312.sh
 if [ $# = 0 ]; then
   if py312=$(python312); then
     UV_PROJECT_ENVIRONMENT=.venv-3.12 uv sync --python "$py312" --all-extras --frozen --quiet
@@ -95,4 +80,10 @@ if [ $# = 0 ]; then
   else
     echo "tests/run.sh: skipping the Python 3.12 stage: no python3.12 on PATH or in pyenv" >&2
   fi
+fi
+
+if [ $# = 0 ]; then
+  # It restarts dockerd (stopping every container, the egress targets too): alone, last.
+  uv run --all-extras --frozen pytest -m engine_restart \
+    tests/integration/docker/test_docker_engine_restart.py
 fi
