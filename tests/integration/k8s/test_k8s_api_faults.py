@@ -26,6 +26,7 @@ from corral.errors import ProviderError
 from corral.providers.k8s.environment import KubernetesEnvironment
 from corral.testing.api_faults import Action, ApiServerFaultProxy, Call
 from corral.testing.leftovers import settled
+from tests.integration.disrupt import exec_while
 from tests.integration.k8s.conftest import TEST_IMAGE, ensure_namespace, kubeconfig, make_env
 
 pytestmark = pytest.mark.anyio
@@ -160,24 +161,9 @@ async def test_api_server_gone_mid_exec(cluster: Any, namespace: str, owner: str
         env = _env(namespace, owner, proxy)
         session = await env.open(PLAN)
         try:
-            outcome = "returned"
-            started = time.monotonic()
-
-            async def gone_soon() -> None:
-                await anyio.sleep(1.5)
-                proxy.drop_all()
-
-            async with anyio.create_task_group() as group:
-                group.start_soon(gone_soon)
-                with anyio.fail_after(30):
-                    try:
-                        result = await session.exec(["sleep", "30"])
-                        outcome = f"returned {result.returncode}"
-                    except ProviderError as exc:
-                        outcome = f"ProviderError: {exc}"
-            took = time.monotonic() - started
+            outcome, took = await exec_while(session, proxy.drop_all, after_s=1.5)
             print(f"{outcome} after {took:.1f} s")
-            assert outcome.startswith("ProviderError: exec in Pod"), outcome
+            assert outcome.startswith("raised ProviderError: exec in Pod"), outcome
             assert took < 1.5 + 5, outcome
             with pytest.raises(ProviderError):  # still gone: a new call fails, promptly
                 with anyio.fail_after(30):
