@@ -1,13 +1,16 @@
-"""The API server connection: blocking client calls in worker threads, retried only on
-transient errors (429, 5xx, connection reset) of idempotent calls."""
+"""The API server connection: blocking client calls in worker threads, each bounded by
+`api_timeout_s`, retried only on transient errors (429, 5xx, a connection lost, refused or
+timed out) of idempotent calls. A call that fails for any reason but a 4xx answer raises
+`ProviderError` naming the call (`create Pod corral-…`); a 4xx is the caller's to read."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import ssl
 import threading
-from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec, TypeVar, cast
 
 import urllib3
 from kubernetes.client.exceptions import ApiException
@@ -25,7 +28,9 @@ Api = Any
 k8s: Api = importlib.import_module("kubernetes.client")
 k8s_config: Api = importlib.import_module("kubernetes.config")
 
-REQUEST_TIMEOUT = (5, 60)
+#: Failures of the connection to the API server (not of local files).
+TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, ssl.SSLError)
+_VERBS = {"create", "read", "patch", "replace", "delete", "list"}
 
 
 def connect(config: KubernetesConfig) -> Api:
@@ -46,7 +51,20 @@ def connect(config: KubernetesConfig) -> Api:
     configuration.retries = 1
     configuration.connection_pool_maxsize = config.max_workers
     api_client = k8s.ApiClient(configuration)
+    api_client.rest_client.request = _bounded(api_client.rest_client.request, config.api_timeout_s)
     return Clients(k8s.CoreV1Api(api_client), k8s.NetworkingV1Api(api_client), configuration)
+
+
+def _bounded(request: Callable[..., Any], timeout_s: float) -> Callable[..., Any]:
+    """`request` with (connect, read) timeouts unless the call gives its own: the client
+    has no default, and a silent API server would hold a worker thread for good."""
+
+    def send(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = (timeout_s, timeout_s)
+        return request(*args, **kwargs)
+
+    return send
 
 
 class Clients:
@@ -79,11 +97,56 @@ def status_of(exc: ApiException) -> int:
 def transient(exc: BaseException) -> bool:
     if isinstance(exc, ApiException):
         return status_of(exc) == 429 or status_of(exc) >= 500
-    return isinstance(exc, urllib3.exceptions.ProtocolError | ConnectionResetError)
+    if isinstance(exc, urllib3.exceptions.MaxRetryError):
+        return exc.reason is not None and transient(exc.reason)
+    return isinstance(
+        exc,
+        urllib3.exceptions.ProtocolError
+        | urllib3.exceptions.TimeoutError
+        | urllib3.exceptions.NewConnectionError
+        | ConnectionError
+        | TimeoutError,
+    )
+
+
+def describe(fn: Callable[..., object], args: Sequence[object]) -> str:
+    """The call in words: `create_namespaced_pod(ns, {metadata: {name: p}})` is
+    `create Pod p`; `read_namespaced_service("kube-dns", "kube-system")` is
+    `read Service kube-dns`."""
+    name: str = getattr(fn, "__name__", repr(fn))
+    verb, _, kind = name.partition("_")
+    if verb not in _VERBS or not kind:
+        return name
+    kind = kind.removeprefix("namespaced_")
+    words = [verb, "".join(w.capitalize() for w in kind.split("_"))]
+    if verb == "create":
+        bodies = [cast("dict[str, Any]", a) for a in args if isinstance(a, dict)]
+        metadata: dict[str, Any] = (bodies[0].get("metadata") or {}) if bodies else {}
+        if metadata.get("name"):
+            words.append(str(metadata["name"]))
+    elif verb != "list" and args and isinstance(args[0], str):
+        words.append(args[0])
+    return " ".join(words)
+
+
+def failure(fn: Callable[..., object], args: Sequence[object], exc: BaseException) -> Exception:
+    """What a failed call raises: a 4xx answer as it is, anything else a `ProviderError`
+    that names the call."""
+    if isinstance(exc, ApiException):
+        status = status_of(exc)
+        if 400 <= status < 500 and status != 429:
+            return exc
+        why = f"{status} {explain(exc)}" if status else explain(exc)
+    else:
+        why = f"{type(exc).__name__}: {exc}"
+    return ProviderError(f"Kubernetes API call `{describe(fn, args)}` failed: {why}")
 
 
 async def call(tokens: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    return await run_blocking("k8s", tokens, fn, *args, **kwargs)
+    try:
+        return await run_blocking("k8s", tokens, fn, *args, **kwargs)
+    except (ApiException, *TRANSPORT_ERRORS) as exc:
+        raise failure(fn, args, exc) from None
 
 
 async def stoppable(tokens: int, fn: Callable[[threading.Event], T]) -> T:
@@ -91,7 +154,10 @@ async def stoppable(tokens: int, fn: Callable[[threading.Event], T]) -> T:
 
 
 async def idempotent(tokens: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    return await run_idempotent(transient, "k8s", tokens, fn, *args, **kwargs)
+    try:
+        return await run_idempotent(transient, "k8s", tokens, fn, *args, **kwargs)
+    except (ApiException, *TRANSPORT_ERRORS) as exc:
+        raise failure(fn, args, exc) from None
 
 
 def explain(exc: ApiException) -> str:

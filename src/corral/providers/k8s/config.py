@@ -136,6 +136,12 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
         default=DEFAULT_OUTPUT_LIMIT, ge=1024, description="bytes of stdout/stderr kept per exec"
     )
     max_workers: int = Field(default=64, ge=1, description="worker threads for blocking API calls")
+    api_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="seconds an API server request may take to connect, and then to send "
+        "each part of its answer, before it fails (idempotent calls are then retried)",
+    )
 
     @field_validator("annotations")
     @classmethod

@@ -16,7 +16,6 @@ from contextlib import AsyncExitStack
 from typing import Any, ClassVar
 
 import anyio
-import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from corral.core.environment import BaseEnvironment
@@ -91,7 +90,7 @@ class KubernetesEnvironment(BaseEnvironment):
             if status_of(exc) == 403:
                 raise ProviderError(f"forbidden by RBAC: {explain(exc)}") from None
             raise ProviderError(f"the API server refused: {explain(exc)}") from None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+        except ProviderError as exc:
             raise ProviderError(
                 f"the Kubernetes API server at {clients.host} does not answer: {exc}"
             ) from None

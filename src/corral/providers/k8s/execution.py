@@ -22,12 +22,13 @@ import anyio
 import anyio.from_thread
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream.ws_client import ERROR_CHANNEL, STDERR_CHANNEL, STDOUT_CHANNEL
+from websocket import WebSocketException
 
 from corral.core.capture import Capture
 from corral.core.markers import MARKER, kill_tree_argv, new_marker
 from corral.core.session import TIMEOUT_RETURNCODE, ExecResult, OutputCallback, Stream, emit
 from corral.errors import ProviderError
-from corral.providers.k8s.api import Api, call, explain, stoppable
+from corral.providers.k8s.api import TRANSPORT_ERRORS, Api, call, explain, stoppable
 
 stream: Api = importlib.import_module("kubernetes.stream").stream
 
@@ -134,9 +135,20 @@ class ExecStream:
                 status += _channel(ws, ERROR_CHANNEL)
             yield from _drain(ws)
             status += _channel(ws, ERROR_CHANNEL)
+        except (WebSocketException, *TRANSPORT_ERRORS) as exc:
+            raise ProviderError(
+                f"exec in Pod {self.target.pod}: the connection to the API server was lost "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
         finally:
             ws.close()
             self.status = status.decode("utf-8", errors="replace")
+        if not status:
+            # The API server always sends the exit status before it closes the stream.
+            raise ProviderError(
+                f"exec in Pod {self.target.pod}: the stream closed before the command's exit "
+                "status arrived (the API server or the Pod went away)"
+            )
 
 
 def run_blocking_exec(
