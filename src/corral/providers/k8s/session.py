@@ -11,7 +11,9 @@ import anyio
 
 from corral.core.output import BoundedOutput
 from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
+from corral.core.snapshot import SnapshotRef
 from corral.core.tarsafe import CHUNK, extract_tar, pack_dir, pack_file, replacing, validate_dir
+from corral.core.treelimits import bounded
 from corral.errors import (
     ExecUserUnsupported,
     NetworkPolicyNotEnforced,
@@ -34,6 +36,7 @@ from corral.providers.k8s.execution import (
 )
 from corral.providers.k8s.forward import PortForwarder
 from corral.providers.k8s.reaper import Reaper
+from corral.providers.k8s.snapshots import SnapshotStore
 
 MISSING = 44
 IS_DIR = 45
@@ -72,6 +75,7 @@ class KubernetesSession(EnvironmentSession):
         output_limit: int,
         default_timeout: float | None,
         reaper: Reaper,
+        snapshots: SnapshotStore,
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.target = target
@@ -89,6 +93,7 @@ class KubernetesSession(EnvironmentSession):
         self.last_enforced_s = 0.0
         self.forwards: dict[int, PortForwarder] = {}
         self.reaper = reaper
+        self.snapshots = snapshots
 
     async def endpoint(self, port: int) -> str | None:
         """A URL on 127.0.0.1 forwarded to `port` in the Pod, open until close()."""
@@ -261,3 +266,23 @@ class KubernetesSession(EnvironmentSession):
 
     async def _end_workload(self) -> None:
         await self.reaper.end_workload()
+
+    async def _save(self) -> SnapshotRef:
+        """Each snapshot path, through `download_dir` (hardened against the Pod's archive)
+        and held to `snapshot_limits`, into a new snapshot directory on this host."""
+        paths = self.snapshots.paths_for(self.workdir)
+        record = await anyio.to_thread.run_sync(self.snapshots.begin, self.id, paths)
+        try:
+            with bounded(self.snapshots.limits):
+                for index, path in enumerate(paths):
+                    await self.download_dir(path, self.snapshots.tree(record.id, index))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.snapshots.discard, record.id)
+            raise
+        return record.ref()
+
+    async def restore(self, snapshot_id: str, paths: tuple[str, ...]) -> None:
+        """Upload a snapshot's saved trees back to the paths they came from."""
+        for index, path in enumerate(paths):
+            await self.upload_dir(self.snapshots.tree(snapshot_id, index), path)
