@@ -8,6 +8,8 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 
 from corral import (
     ConfigError,
+    EnvironmentSession,
     ExecutionPlan,
     NetworkPolicy,
     NetworkSchedule,
@@ -71,53 +74,55 @@ async def gone(cluster: Any, namespace: str, session_id: str) -> None:
     await wait_for(empty, time.time() + 60)
 
 
+@asynccontextmanager
+async def named_sandbox(
+    cluster: Any, namespace: str, env: KubernetesEnvironment
+) -> AsyncGenerator[EnvironmentSession]:
+    """A public sandbox opened with a session id of its own, closed and shown gone after."""
+    sid = new_id()
+    sandbox = await env.open(plan(), session_id=sid)
+    try:
+        yield sandbox
+    finally:
+        await env.close(sandbox)
+    await gone(cluster, namespace, sid)
+
+
 async def test_opening_an_id_twice_is_one_pod(
     cluster: Any, namespace: str, k8s_env: KubernetesEnvironment
 ) -> None:
-    sid = new_id()
-    first = await k8s_env.open(plan(), session_id=sid)
-    try:
-        second = await k8s_env.open(plan("no-network"), session_id=sid)
-        found = session_objects(cluster, namespace, sid)
-        assert [p.metadata.name for p in found["pods"]] == [f"corral-{sid}"]
+    async with named_sandbox(cluster, namespace, k8s_env) as first:
+        second = await k8s_env.open(plan("no-network"), session_id=first.id)
+        found = session_objects(cluster, namespace, first.id)
+        assert [p.metadata.name for p in found["pods"]] == [f"corral-{first.id}"]
         assert len(found["policies"]) == 1
-        assert second.id == first.id == sid
+        assert second.id == first.id
         # Reattached as it is: the policy it has, not the second plan's baseline.
         assert second.policy == NetworkPolicy.public()
         await second.write_text("/tmp/shared", "one sandbox")
         assert await first.read_text("/tmp/shared") == "one sandbox"
-    finally:
-        await k8s_env.close(first)
-    await gone(cluster, namespace, sid)
 
 
 async def test_another_process_attaches_and_sees_the_switched_policy(
     cluster: Any, namespace: str, k8s_env: KubernetesEnvironment
 ) -> None:
-    sid = new_id()
-    sandbox = await k8s_env.open(plan(), session_id=sid)
-    try:
+    async with named_sandbox(cluster, namespace, k8s_env) as sandbox:
         await sandbox.write_text("/tmp/note", "written by the parent")
         await sandbox.set_network_policy(SWITCHED)
-        argv = [sys.executable, "-c", CHILD, json.dumps(env_config(namespace)), sid]
+        argv = [sys.executable, "-c", CHILD, json.dumps(env_config(namespace)), sandbox.id]
         environ = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
         child = await anyio.run_process(argv, env=environ, cwd=ROOT, check=False)
         assert child.returncode == 0, child.stderr.decode()
         seen = json.loads(child.stdout.decode().strip().splitlines()[-1])
-        assert seen == {"id": sid, "policy": str(SWITCHED), "out": "written by the parent"}
+        assert seen == {"id": sandbox.id, "policy": str(SWITCHED), "out": "written by the parent"}
         # The child did not close it: the sandbox is still there.
-        assert len(session_objects(cluster, namespace, sid)["pods"]) == 1
-    finally:
-        await k8s_env.close(sandbox)
-    await gone(cluster, namespace, sid)
+        assert len(session_objects(cluster, namespace, sandbox.id)["pods"]) == 1
 
 
 async def test_nothing_the_pods_root_writes_changes_what_attach_reports(
     cluster: Any, namespace: str, k8s_env: KubernetesEnvironment
 ) -> None:
-    sid = new_id()
-    sandbox = await k8s_env.open(plan(), session_id=sid)
-    try:
+    async with named_sandbox(cluster, namespace, k8s_env) as sandbox:
         await sandbox.set_network_policy(SWITCHED)
         # Root in the Pod forges every place a policy or an "opened" mark could be read
         # from inside it, and looks for an API token to patch the NetworkPolicy with.
@@ -129,29 +134,22 @@ async def test_nothing_the_pods_root_writes_changes_what_attach_reports(
         )
         assert forged.stdout.splitlines()[0] == "0", "the workload must be root for this test"
         assert "No such file" in forged.stdout, "the Pod holds an API token"
-        attached = await make_env(namespace).attach(sid)
+        attached = await make_env(namespace).attach(sandbox.id)
         assert attached.policy == SWITCHED
-        (np,) = session_objects(cluster, namespace, sid)["policies"]
+        (np,) = session_objects(cluster, namespace, sandbox.id)["policies"]
         assert np.spec.egress[0].to[0].ip_block.cidr == f"{ALLOWED_IP}/32"
-    finally:
-        await k8s_env.close(sandbox)
-    await gone(cluster, namespace, sid)
 
 
 async def test_attach_refuses_a_policy_it_cannot_read_back(
     cluster: Any, namespace: str, k8s_env: KubernetesEnvironment
 ) -> None:
-    sid = new_id()
-    sandbox = await k8s_env.open(plan(), session_id=sid)
-    try:
+    async with named_sandbox(cluster, namespace, k8s_env) as sandbox:
+        name = f"corral-{sandbox.id}"
         for garbled in ('{"network_mode": "allowlist"}', None):
             patch = {"metadata": {"annotations": {"corral.policy": garbled}}}
-            cluster.networking.patch_namespaced_network_policy(f"corral-{sid}", namespace, patch)
-            with pytest.raises(ProviderError, match=f"corral-{sid}.*corral.policy"):
-                await make_env(namespace).attach(sid)
-    finally:
-        await k8s_env.close(sandbox)
-    await gone(cluster, namespace, sid)
+            cluster.networking.patch_namespaced_network_policy(name, namespace, patch)
+            with pytest.raises(ProviderError, match=f"{name}.*corral.policy"):
+                await make_env(namespace).attach(sandbox.id)
 
 
 async def test_concurrent_opens_of_one_id_make_one_pod(cluster: Any, namespace: str) -> None:
