@@ -1,119 +1,181 @@
-"""Snapshots kept as directory trees on the harness's host (`local`, and providers with no
-image store of their own): `<root>/<id>/meta.json` beside `<root>/<id>/tree/`.
+"""Snapshots kept by corral on the harness's host (`local`, and `k8s`, which has no image
+store it may write to). One directory per snapshot:
 
-`meta.json` is written before the tree (so `gc` can remove a snapshot whose writer died)
-and again, marked complete, after it; only complete, unexpired snapshots of the same
-provider and owner are ever read. It holds no plan, env or policy.
+    <root>/<id>/corral-snapshot.json   what corral knows of it (never env, plan, policy or
+                                       anything secret)
+    <root>/<id>/trees/<n>/             the n-th saved directory
+
+The metadata is written before any tree, so a save that dies half-way leaves a directory
+gc still recognises, and again, marked complete, once every tree is in; only complete,
+unexpired snapshots of the same provider and owner are ever read. gc removes only
+directories whose metadata parses, names this provider and owner, and has expired.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import secrets
 import shutil
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import anyio
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from corral.core.labels import new_session_id
 from corral.core.snapshot import SnapshotRef
 from corral.errors import ConfigError
 
-_ID = re.compile(r"^snap-[a-z0-9]{12}$")
-_META = "meta.json"
+METADATA = "corral-snapshot.json"
+_ID = re.compile(r"^snap-[0-9a-f]{16}$")
 
 
-def default_snapshot_root(provider: str) -> Path:
+class SnapshotRecord(BaseModel):
+    """The metadata of one saved snapshot, as written next to its trees."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    provider: str
+    owner: str
+    id: str
+    source_session: str
+    created_at: datetime
+    expires_at: datetime
+    #: the sandbox directories saved, in the order of `trees/<n>`
+    paths: tuple[str, ...]
+    complete: bool = False
+
+    def ref(self) -> SnapshotRef:
+        return SnapshotRef(
+            provider=self.provider,
+            id=self.id,
+            created_at=self.created_at,
+            source_session=self.source_session,
+            expires_at=self.expires_at,
+        )
+
+
+def default_root(provider: str) -> Path:
+    """$XDG_CACHE_HOME/corral/snapshots/<provider>, else ~/.cache/corral/snapshots/<provider>."""
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "corral" / "snapshots" / provider
 
 
-@dataclass(frozen=True)
 class SnapshotShelf:
-    """Where one provider and owner keep their snapshots, and for how long."""
+    """One provider's and owner's snapshots under `root`."""
 
-    root: Path
-    provider: str
-    owner: str
-    lifetime_s: float
+    def __init__(self, root: Path, *, provider: str, owner: str, lifetime_s: float) -> None:
+        self.root = root
+        self.provider = provider
+        self.owner = owner
+        self.lifetime_s = lifetime_s
 
     async def write(
-        self, source_session: str, fill: Callable[[Path], Awaitable[None]]
+        self,
+        source_session: str,
+        paths: tuple[str, ...],
+        fill: Callable[[SnapshotRecord], Awaitable[None]],
     ) -> SnapshotRef:
-        """A new snapshot whose tree `fill(tree_dir)` writes; removed again if `fill` fails."""
-        now = datetime.now(UTC)
-        ref = SnapshotRef(
-            provider=self.provider,
-            id=f"snap-{new_session_id()}",
-            created_at=now,
-            source_session=source_session,
-            expires_at=now + timedelta(seconds=self.lifetime_s),
-        )
-        directory = self.root / ref.id
-        await anyio.to_thread.run_sync(lambda: directory.mkdir(mode=0o700, parents=True))
+        """A new snapshot of `paths`, whose trees `fill` writes (at `tree(id, n)`); removed
+        again if `fill` fails or is cancelled."""
+        record = await anyio.to_thread.run_sync(self._begin, source_session, paths)
         try:
-            await anyio.to_thread.run_sync(self._write_meta, directory, ref, False)
-            tree = directory / "tree"
-            tree.mkdir(mode=0o700)
-            await fill(tree)
-            await anyio.to_thread.run_sync(self._write_meta, directory, ref, True)
+            await fill(record)
+            done = record.model_copy(update={"complete": True})
+            await anyio.to_thread.run_sync(self._write_record, done)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(lambda: shutil.rmtree(directory, ignore_errors=True))
+                await anyio.to_thread.run_sync(self.discard, record.id)
             raise
-        return ref
+        return done.ref()
 
-    def tree(self, ref: SnapshotRef) -> Path:
-        """The tree of `ref`, or a `ConfigError` saying why it cannot be used."""
+    def tree(self, snapshot_id: str, index: int) -> Path:
+        return self.root / snapshot_id / "trees" / str(index)
+
+    def discard(self, snapshot_id: str) -> None:
+        directory = self.root / snapshot_id
+        if _ID.match(snapshot_id) and directory.is_dir() and not directory.is_symlink():
+            _remove(directory)
+
+    def load(self, ref: SnapshotRef) -> SnapshotRecord:
+        """The record of `ref`, if it is this provider's and owner's, complete and not
+        expired; else a `ConfigError` saying why not."""
+        where = f"snapshot {ref.id!r} (from session {ref.source_session!r})"
         if not _ID.match(ref.id):
-            raise ConfigError(f"snapshot id {ref.id!r} is not one corral makes")
-        meta = _read_meta(self.root / ref.id)
-        if meta is None or not meta.get("complete"):
+            raise ConfigError(f"{where} is not an id corral makes")
+        record = self._read(self.root / ref.id)
+        if record is None or (record.provider, record.owner) != (self.provider, self.owner):
             raise ConfigError(
-                f"snapshot {ref.id!r} does not exist (or was never completed) in {self.root}"
+                f"{where} is not kept in {str(self.root)!r} for provider {self.provider!r} "
+                f"and owner {self.owner!r}; it was saved elsewhere, or removed"
             )
-        if not self._ours(meta):
-            raise ConfigError(f"snapshot {ref.id!r} belongs to another provider or owner")
-        if datetime.fromisoformat(meta["expires_at"]) <= datetime.now(UTC):
-            raise ConfigError(f"snapshot {ref.id!r} expired at {meta['expires_at']}")
-        return self.root / ref.id / "tree"
+        if not record.complete:
+            raise ConfigError(f"{where} is incomplete: its save never finished")
+        if record.expires_at <= datetime.now(UTC):
+            raise ConfigError(f"{where} expired at {record.expires_at.isoformat()}")
+        for index in range(len(record.paths)):
+            tree = self.tree(record.id, index)
+            if tree.is_symlink() or not tree.is_dir():
+                raise ConfigError(f"{where} is incomplete: {str(tree)!r} is missing")
+        return record
 
-    def remove_expired(self) -> list[str]:
-        """Remove this provider's and owner's expired snapshots; returns what went."""
+    def collect(self, now: datetime | None = None) -> list[str]:
+        """Remove this provider's and owner's expired snapshots; what went, as
+        `snapshot <id>`."""
+        moment = now or datetime.now(UTC)
         removed: list[str] = []
         if not self.root.is_dir():
             return removed
-        now = datetime.now(UTC)
-        for directory in sorted(self.root.iterdir()):
-            meta = _read_meta(directory) if _ID.match(directory.name) else None
-            if meta is None or not self._ours(meta):
+        for entry in sorted(self.root.iterdir()):
+            if not _ID.match(entry.name) or entry.is_symlink() or not entry.is_dir():
                 continue
-            if datetime.fromisoformat(meta["expires_at"]) <= now:
-                shutil.rmtree(directory, ignore_errors=True)
-                removed.append(f"snapshot {directory.name}")
+            record = self._read(entry)
+            if record is None or record.id != entry.name:
+                continue
+            if (record.provider, record.owner) != (self.provider, self.owner):
+                continue
+            if record.expires_at <= moment:
+                _remove(entry)
+                removed.append(f"snapshot {record.id}")
         return removed
 
-    def _ours(self, meta: dict[str, Any]) -> bool:
-        return meta.get("provider") == self.provider and meta.get("owner") == self.owner
+    def _begin(self, source_session: str, paths: tuple[str, ...]) -> SnapshotRecord:
+        now = datetime.now(UTC)
+        record = SnapshotRecord(
+            provider=self.provider,
+            owner=self.owner,
+            id=f"snap-{secrets.token_hex(8)}",
+            source_session=source_session,
+            created_at=now,
+            expires_at=now + timedelta(seconds=self.lifetime_s),
+            paths=paths,
+        )
+        # Saved trees are the sandbox's files, maybe secrets it wrote: this user's only.
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.root / record.id).mkdir(mode=0o700)
+        self._write_record(record)
+        return record
 
-    def _write_meta(self, directory: Path, ref: SnapshotRef, complete: bool) -> None:
-        body = {"corral": "snapshot", "owner": self.owner, "complete": complete}
-        body |= ref.model_dump(mode="json")
-        partial = directory / f".{_META}.partial"
-        partial.write_text(json.dumps(body), encoding="utf-8")
-        partial.replace(directory / _META)
+    def _write_record(self, record: SnapshotRecord) -> None:
+        partial = self.root / record.id / f".{METADATA}.partial"
+        partial.write_text(record.model_dump_json(), encoding="utf-8")
+        partial.replace(self.root / record.id / METADATA)
+
+    def _read(self, directory: Path) -> SnapshotRecord | None:
+        try:
+            return SnapshotRecord.model_validate_json((directory / METADATA).read_bytes())
+        except (OSError, ValidationError):
+            return None
 
 
-def _read_meta(directory: Path) -> dict[str, Any] | None:
-    try:
-        meta = json.loads((directory / _META).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(meta, dict) or meta.get("corral") != "snapshot":  # pyright: ignore[reportUnknownMemberType]
-        return None
-    return meta  # pyright: ignore[reportUnknownVariableType]
+def _remove(path: Path) -> None:
+    """Remove a snapshot directory; a saved tree keeps the sandbox's modes, read-only
+    directories included, so every directory is made writable first (links not followed)."""
+    path.chmod(0o700)
+    for directory, names, _ in os.walk(path):
+        for name in names:
+            child = Path(directory, name)
+            if not child.is_symlink():
+                child.chmod(0o700)
+    shutil.rmtree(path)

@@ -122,6 +122,11 @@ def address_rules(policy: NetworkPolicy, resolved: Resolution) -> list[AddressRu
     return list(dict.fromkeys(rules))
 
 
+def hostnames(policy: NetworkPolicy) -> list[str]:
+    """The hostnames among the policy's targets, which resolve to addresses at apply time."""
+    return [t.host for t in policy.targets if t.entry_type is EntryType.HOSTNAME]
+
+
 def needs_dns(policy: NetworkPolicy) -> bool:
     """Whether the sandbox must reach its resolver for the policy to be usable."""
     if policy.network_mode is NetworkMode.ALLOWLIST:

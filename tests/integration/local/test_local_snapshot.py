@@ -61,7 +61,7 @@ async def test_snapshots_expire_and_refuse_what_is_not_theirs(tmp_path: Path) ->
         await parent.write_text("a.txt", "a")
         ref = await parent.save()
     stranger = LocalEnvironment(snapshot_dir=shelf, owner="corral-test-b")
-    with pytest.raises(ConfigError, match="another provider or owner"):
+    with pytest.raises(ConfigError, match="owner 'corral-test-b'"):
         await stranger.fork(ref, ExecutionPlan())
     forged = ref.model_copy(update={"id": "../../etc"})
     with pytest.raises(ConfigError, match=r"'\.\./\.\./etc'"):
@@ -78,7 +78,11 @@ async def test_a_missing_snapshot_is_named(tmp_path: Path) -> None:
     env = LocalEnvironment(snapshot_dir=tmp_path)
     now = datetime.now(UTC)
     ref = SnapshotRef(
-        provider="local", id="snap-000000000000", created_at=now, source_session="x", expires_at=now
+        provider="local",
+        id="snap-0000000000000000",
+        created_at=now,
+        source_session="x",
+        expires_at=now,
     )
-    with pytest.raises(ConfigError, match="'snap-000000000000' does not exist"):
+    with pytest.raises(ConfigError, match="'snap-0000000000000000'.* is not kept"):
         await env.fork(ref, ExecutionPlan())

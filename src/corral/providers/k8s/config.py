@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import posixpath
 import re
 from typing import Any, ClassVar, Literal
 
@@ -11,6 +12,7 @@ from pydantic import Field, field_validator
 from corral.core.config import RuntimeEnvironmentConfig
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
 from corral.core.privileges import UnsafeCapabilities
+from corral.core.treelimits import TreeLimits
 from corral.network.targets import EntryType, normalize_host
 from corral.providers.k8s.security import SecurityContext
 
@@ -142,6 +144,34 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
         description="seconds an API server request may take to connect, and then to send "
         "each part of its answer, before it fails (idempotent calls are then retried)",
     )
+    snapshot_paths: tuple[str, ...] | None = Field(
+        default=None,
+        description="absolute directories in the sandbox that session.save() keeps and a fork "
+        "gets back (default: the session's working directory; processes, the policy and env "
+        "are never saved)",
+    )
+    snapshot_dir: str | None = Field(
+        default=None,
+        description="directory on this host where saved snapshots are kept (default: "
+        "$XDG_CACHE_HOME/corral/snapshots/k8s, else ~/.cache/corral/snapshots/k8s)",
+    )
+    snapshot_lifetime_s: float = Field(
+        default=86400.0, gt=0, description="seconds a saved snapshot lasts before gc removes it"
+    )
+    snapshot_limits: TreeLimits = Field(
+        default_factory=TreeLimits,
+        description="bounds on each saved directory (the sandbox chooses what it holds): "
+        "entries, bytes per file, bytes in all, bytes of the archive",
+    )
+
+    @field_validator("snapshot_paths")
+    @classmethod
+    def _snapshot_paths(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("snapshot_paths must list at least one directory (or be unset)")
+        return tuple(snapshot_path(path) for path in value)
 
     @field_validator("annotations")
     @classmethod
@@ -203,3 +233,17 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
             except ValueError:
                 raise ValueError(f"dns_servers entry {server!r} is not an IP address") from None
         return tuple(servers)
+
+
+def snapshot_path(path: str) -> str:
+    """`path` normalized, if a snapshot may hold it: absolute, no `..`, not `/` itself
+    (which would take the Pod's /proc and /sys along)."""
+    if not path.startswith("/") or ".." in path.split("/"):
+        normal = ""
+    else:  # normpath keeps a leading `//`, which POSIX leaves to the implementation
+        normal = "/" + posixpath.normpath(path).lstrip("/")
+    if normal in ("", "/"):
+        raise ValueError(
+            f"snapshot path {path!r} must be an absolute directory other than '/', without '..'"
+        )
+    return normal

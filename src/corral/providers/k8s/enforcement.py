@@ -5,6 +5,10 @@ every apply a destination the policy forbids is dialled from the Pod's `corral-p
 container until it is refused; if it still answers after `verify_timeout_s`, the policy
 is not enforced. Hostnames are resolved from that container too, by corral's own DNS
 queries to the resolvers corral chose, after the harness's `host_aliases`.
+
+Every write of the spec also writes the policy it renders, normalized, to the object's
+`corral.policy` annotation in the same request: what `attach` reads back is then exactly
+what the CNI was given, never a copy in memory or anything inside the Pod.
 """
 
 from __future__ import annotations
@@ -15,17 +19,20 @@ from typing import Any
 
 import anyio
 from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
 
 from corral.errors import NetworkPolicyNotEnforced, ProviderError
 from corral.network.dns import Answer, resolve_names
 from corral.network.netpol import render_network_policy
 from corral.network.policy import NetworkPolicy
 from corral.network.probe import forbidden_probe
-from corral.network.resolve import Resolution, resolve_policy
-from corral.network.targets import EntryType, IPAddress
+from corral.network.resolve import Resolution, hostnames, resolve_policy
+from corral.network.targets import IPAddress
 from corral.providers.k8s import probe
-from corral.providers.k8s.api import call, explain, idempotent
+from corral.providers.k8s.api import explain, idempotent
 from corral.providers.k8s.execution import Target
+
+POLICY = "corral.policy"
 
 
 async def resolve(
@@ -35,7 +42,7 @@ async def resolve(
     static: Mapping[str, str],
 ) -> Resolution:
     """Resolve the policy's hostnames from the probe container (none: no exec at all)."""
-    hosts = [t.host for t in policy.targets if t.entry_type is EntryType.HOSTNAME]
+    hosts = hostnames(policy)
     answers: dict[str, Answer] = {}
     if hosts:
 
@@ -57,26 +64,39 @@ async def resolve(
 def render(
     policy: NetworkPolicy, resolved: Resolution, name: str, session_id: str, labels: dict[str, str]
 ) -> dict[str, Any]:
-    return render_network_policy(
+    body = render_network_policy(
         policy, resolved, {"corral.session": session_id}, name=name, labels=labels
     )
+    body["metadata"]["annotations"] = {POLICY: policy.model_dump_json()}
+    return body
 
 
-async def create(clients: Any, tokens: int, namespace: str, body: dict[str, Any]) -> Any:
-    try:
-        return await call(
-            tokens, clients.networking.create_namespaced_network_policy, namespace, body
+def policy_in_force(found: Any) -> NetworkPolicy:
+    """The policy a session's NetworkPolicy object enforces, as its annotation records it;
+    ProviderError when it records none that parses (corral never guesses a policy)."""
+    name: str = found.metadata.name
+    annotations: dict[str, str] = found.metadata.annotations or {}
+    raw = annotations.get(POLICY)
+    if raw is None:
+        raise ProviderError(
+            f"NetworkPolicy {name} carries no {POLICY} annotation, so the policy it enforces "
+            "is unknown; close the session rather than attach to it"
         )
-    except ApiException as exc:
-        name = body["metadata"]["name"]
-        raise ProviderError(f"creating NetworkPolicy {name}: {explain(exc)}") from None
+    try:
+        return NetworkPolicy.model_validate_json(raw)
+    except ValidationError as exc:
+        raise ProviderError(
+            f"NetworkPolicy {name}: annotation {POLICY}={raw[:200]!r} is not a policy "
+            f"({exc.errors()[0]['msg']}); close the session rather than attach to it"
+        ) from None
 
 
 async def replace_spec(
     clients: Any, tokens: int, namespace: str, name: str, body: dict[str, Any]
 ) -> None:
-    """Switch by patching the one object: the CNI never sees it absent."""
-    patch = {"spec": body["spec"]}
+    """Switch by patching the one object: the CNI never sees it absent, and its policy
+    annotation changes with its spec."""
+    patch = {"metadata": {"annotations": body["metadata"]["annotations"]}, "spec": body["spec"]}
     try:
         await idempotent(
             tokens, clients.networking.patch_namespaced_network_policy, name, namespace, patch

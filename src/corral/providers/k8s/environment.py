@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import secrets
 import time
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
@@ -22,15 +24,27 @@ from corral.core.environment import BaseEnvironment
 from corral.core.labels import OWNER, SESSION, is_expired, new_session_id, session_labels
 from corral.core.plan import ExecutionPlan
 from corral.core.session import EnvironmentSession
-from corral.errors import ConfigError, NetworkPolicyNotEnforced, ProviderError
+from corral.core.snapshot import SnapshotRef
+from corral.core.snapshot_store import SnapshotShelf, default_root
+from corral.errors import ConfigError, NetworkPolicyNotEnforced, ProviderError, SessionIdTaken
 from corral.network.policy import NetworkMode, NetworkPolicy
-from corral.network.resolve import Resolution
+from corral.network.resolve import Resolution, hostnames
 from corral.network.targets import EntryType, IPAddress
 from corral.providers.k8s import enforcement, probe
 from corral.providers.k8s.api import Api, call, connect, explain, idempotent, status_of
 from corral.providers.k8s.config import KubernetesConfig
 from corral.providers.k8s.execution import Target, run_exec
-from corral.providers.k8s.pod import CONTAINER, READY_FILE, manifest, wait_running
+from corral.providers.k8s.pod import (
+    CONTAINER,
+    INSTANCE,
+    OPENED,
+    READY_FILE,
+    dns_servers,
+    manifest,
+    opened,
+    operation_timeout,
+    wait_running,
+)
 from corral.providers.k8s.reaper import Reaper
 from corral.providers.k8s.session import KubernetesSession
 
@@ -42,6 +56,8 @@ class KubernetesEnvironment(BaseEnvironment):
     supported_allowlist_entry_types = frozenset(EntryType) - {EntryType.WILDCARD_HOSTNAME}
     supports_network_target_ports = True
     supports_dynamic_network_policy = True
+    supports_reattach = True
+    supports_snapshot = True
     max_concurrent_opens = 16
 
     config: KubernetesConfig
@@ -50,6 +66,13 @@ class KubernetesEnvironment(BaseEnvironment):
         super().__init__(config, **params)
         self._clients: Api | None = None
         self._dns_servers: tuple[IPAddress, ...] | None = None
+        cfg = self.config
+        self.snapshots = SnapshotShelf(
+            Path(cfg.snapshot_dir).expanduser() if cfg.snapshot_dir else default_root(self.id),
+            provider=self.id,
+            owner=cfg.owner,
+            lifetime_s=cfg.snapshot_lifetime_s,
+        )
 
     async def clients(self) -> Api:
         if self._clients is None:
@@ -99,71 +122,87 @@ class KubernetesEnvironment(BaseEnvironment):
         self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
     ) -> EnvironmentSession:
         cfg = self.config
-        tokens = cfg.max_workers
         clients = await self.clients()
         dns = await self._resolvers()
         image = plan.require_image(self.id)
         if not isinstance(image, str):
             raise ConfigError(f"native selector {image!r} is not supported by k8s; give an image")
         sid = session_id or new_session_id()
+        name = f"corral-{sid}"
+        if session_id is not None:
+            await self._unclaimed(name, sid)
         lifetime = plan.timeouts.max_lifetime_s or cfg.default_lifetime_s
         labels = session_labels(cfg.owner, sid, lifetime, {**cfg.labels, **plan.labels})
-        name = f"corral-{sid}"
-        namespace = cfg.namespace
+        instance = secrets.token_hex(8)
         baseline = plan.network.baseline
-        hostnames = any(t.entry_type is EntryType.HOSTNAME for t in baseline.targets)
         # Until the Pod runs, hostnames cannot be resolved as it resolves them: such a
         # baseline starts as no-network and is patched in before the workload's gate opens.
-        initial = NetworkPolicy.no_network() if hostnames else baseline
+        initial = NetworkPolicy.no_network() if hostnames(baseline) else baseline
         body = enforcement.render(initial, Resolution(), name, sid, labels)
-        owned.push_async_callback(self._delete, "network_policy", name, sid)
-        created_policy: Any = await enforcement.create(clients, tokens, namespace, body)
-
-        owned.push_async_callback(self._delete, "pod", name, sid)
-        try:
-            pod: Any = await call(
-                tokens,
-                clients.core.create_namespaced_pod,
-                namespace,
-                manifest(name, image, plan, cfg, labels, dns),
-            )
-        except ApiException as exc:
-            raise ProviderError(f"the API server rejected Pod {name}: {explain(exc)}") from None
+        owned.push_async_callback(self._delete, "network_policy", name, sid, instance)
+        created_policy = await self._create("network_policy", body, instance, session_id)
+        owned.push_async_callback(self._delete, "pod", name, sid, instance)
+        body = manifest(name, image, plan, cfg, labels, dns)
+        pod = await self._create("pod", body, instance, session_id)
         await self._own(clients, name, pod.metadata.uid, created_policy.metadata.name)
-        pod = await wait_running(clients, tokens, namespace, name)
-        target = Target(clients, tokens, namespace, name, CONTAINER)
-        host_ip = ipaddress.ip_address(pod.status.host_ip)
+        pod = await wait_running(clients, cfg.max_workers, cfg.namespace, name)
+        session = self._session(clients, pod, initial)
+        await self._apply_baseline(session, baseline)
+        await self._open_gate(session)
+        await self._mark(name, {OPENED: "true"})
+        return session
+
+    def _session(self, clients: Api, pod: Any, policy: NetworkPolicy) -> KubernetesSession:
+        """The session of a running sandbox Pod, built from what the API server says of it:
+        one builder for open and attach, so an attached session is the one open made."""
+        cfg = self.config
+        name: str = pod.metadata.name
+        labels: dict[str, str] = dict(pod.metadata.labels or {})
+        sandbox: Any = next(c for c in pod.spec.containers if c.name == CONTAINER)
+        target = Target(clients, cfg.max_workers, cfg.namespace, name, CONTAINER)
         session = KubernetesSession(
-            id=sid,
-            policy=initial,
+            id=labels[SESSION],
+            policy=policy,
             target=target,
             prober=target.sibling(probe.CONTAINER),
             policy_name=name,
             labels=labels,
-            dns=dns,
+            dns=dns_servers(pod),
             host_aliases=cfg.host_aliases,
-            probe_candidates=[(host_ip, cfg.probe_port)],
+            probe_candidates=[(ipaddress.ip_address(pod.status.host_ip), cfg.probe_port)],
             verify=cfg.verify_policy == "probe",
             verify_timeout_s=cfg.verify_timeout_s,
-            workdir=next(c for c in pod.spec.containers if c.name == CONTAINER).working_dir or "/",
+            workdir=sandbox.working_dir or "/",
             output_limit=cfg.output_limit_bytes,
-            default_timeout=plan.timeouts.operation_s,
+            default_timeout=operation_timeout(pod),
             reaper=Reaper(
                 target, cfg.probe_image, cfg.image_pull_policy, cfg.end_workload_timeout_s
             ),
+            snapshots=self.snapshots,
+            snapshot_paths=cfg.snapshot_paths,
+            snapshot_limits=cfg.snapshot_limits,
         )
-        session.image = image
+        session.image = sandbox.image
+        return session
+
+    async def _apply_baseline(self, session: KubernetesSession, baseline: NetworkPolicy) -> None:
+        """From the policy the Pod was created under to the baseline, verified."""
         try:
-            if hostnames:
-                dns_only = NetworkPolicy.allowlist(*(str(s) for s in dns)) if dns else initial
+            if hostnames(baseline):
+                dns = [str(s) for s in session.dns]
+                dns_only = NetworkPolicy.allowlist(*dns) if dns else session.policy
                 await session.enforce(dns_only)
-            if initial != baseline or cfg.verify_policy == "probe":
+            if session.policy != baseline or self.config.verify_policy == "probe":
                 await session.enforce(baseline)
             session.policy = baseline
         except NetworkPolicyNotEnforced as exc:
-            raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
+            raise NetworkPolicyNotEnforced(
+                f"sandbox {session.id}: {exc}; nothing was kept"
+            ) from None
+
+    async def _open_gate(self, session: KubernetesSession) -> None:
         gate = await run_exec(
-            target,
+            session.target,
             ["touch", READY_FILE],
             cwd=None,
             env={},
@@ -173,8 +212,76 @@ class KubernetesEnvironment(BaseEnvironment):
             output_limit=4096,
         )
         if gate.returncode != 0:
-            raise ProviderError(f"could not open the workload gate in Pod {name}: {gate.stderr}")
-        return session
+            raise ProviderError(
+                f"could not open the workload gate in Pod {session.target.pod}: {gate.stderr}"
+            )
+
+    async def _reattach(self, session_id: str) -> tuple[EnvironmentSession, AsyncExitStack] | None:
+        name = f"corral-{session_id}"
+        pod = await self._read("pod", name, session_id)
+        if pod is None or not opened(pod):
+            return None
+        instance = _annotations(pod).get(INSTANCE)
+        found = await self._read("network_policy", name, session_id)
+        if found is None or _annotations(found).get(INSTANCE) != instance:
+            raise ProviderError(
+                f"Pod {name} runs without the NetworkPolicy its open created, so the policy "
+                "in force is unknown; close the session (or run corral gc) rather than attach"
+            )
+        session = self._session(await self.clients(), pod, enforcement.policy_in_force(found))
+        if hostnames(session.policy):
+            # Addresses move: resolve the policy's names again as open does, and re-apply.
+            await session.enforce(session.policy)
+        owned = AsyncExitStack()
+        owned.push_async_callback(self._delete, "network_policy", name, session_id, instance)
+        owned.push_async_callback(self._delete, "pod", name, session_id, instance)
+        return session, owned
+
+    async def _from_snapshot(self, ref: SnapshotRef, plan: ExecutionPlan) -> ExecutionPlan:
+        # Refuse a missing or expired snapshot before anything is created.
+        await anyio.to_thread.run_sync(self.snapshots.load, ref)
+        return plan
+
+    async def _restore(self, session: EnvironmentSession, ref: SnapshotRef) -> None:
+        assert isinstance(session, KubernetesSession)
+        record = await anyio.to_thread.run_sync(self.snapshots.load, ref)
+        for index, path in enumerate(record.paths):
+            await session.upload_dir(self.snapshots.tree(record.id, index), path)
+
+    async def _unclaimed(self, name: str, session_id: str) -> None:
+        """Refuse a caller's id whose Pod already exists, before anything is created: a
+        NetworkPolicy of ours would select that Pod too, and widen what it may reach."""
+        if await self._read("pod", name) is not None:
+            raise SessionIdTaken(f"Pod {name} already exists: session_id {session_id!r} is taken")
+
+    async def _create(
+        self, kind: str, body: dict[str, Any], instance: str, session_id: str | None
+    ) -> Any:
+        """Create one object stamped with this open's token; a caller's id that another
+        open took first (409) is `SessionIdTaken`."""
+        cfg = self.config
+        name: str = body["metadata"]["name"]
+        body["metadata"].setdefault("annotations", {})[INSTANCE] = instance
+        create = getattr(_api(await self.clients(), kind), f"create_namespaced_{kind}")
+        try:
+            return await call(cfg.max_workers, create, cfg.namespace, body)
+        except ApiException as exc:
+            if status_of(exc) == 409 and session_id is not None:
+                raise SessionIdTaken(
+                    f"{kind} {name} already exists: session_id {session_id!r} is taken"
+                ) from None
+            raise ProviderError(f"the API server rejected {kind} {name}: {explain(exc)}") from None
+
+    async def _mark(self, pod: str, annotations: dict[str, str]) -> None:
+        clients = await self.clients()
+        patch = {"metadata": {"annotations": annotations}}
+        await idempotent(
+            self.config.max_workers,
+            clients.core.patch_namespaced_pod,
+            pod,
+            self.config.namespace,
+            patch,
+        )
 
     async def _own(self, clients: Api, pod: str, uid: str, policy: str) -> None:
         """Make the Pod the NetworkPolicy's owner, for the garbage collector."""
@@ -191,26 +298,41 @@ class KubernetesEnvironment(BaseEnvironment):
             patch,
         )
 
-    async def _delete(self, kind: str, name: str, session_id: str) -> None:
-        """Delete one object by exact name, only if it carries this session's label."""
-        clients = await self.clients()
-        tokens = self.config.max_workers
-        namespace = self.config.namespace
-        api = clients.core if kind == "pod" else clients.networking
-        read = getattr(api, f"read_namespaced_{kind}")
-        delete = getattr(api, f"delete_namespaced_{kind}")
+    async def _read(self, kind: str, name: str, session_id: str | None = None) -> Any:
+        """The object `name` of `kind`, or None if absent (or, given `session_id`, if it is
+        not that session's of this owner)."""
+        cfg = self.config
+        read = getattr(_api(await self.clients(), kind), f"read_namespaced_{kind}")
         try:
-            found: Any = await idempotent(tokens, read, name, namespace)
+            found: Any = await idempotent(cfg.max_workers, read, name, cfg.namespace)
         except ApiException as exc:
             if status_of(exc) == 404:
-                return
-            raise
+                return None
+            raise ProviderError(f"reading {kind} {name}: {explain(exc)}") from None
+        labels: dict[str, str] = found.metadata.labels or {}
+        if session_id is not None and (
+            labels.get(OWNER) != cfg.owner or labels.get(SESSION) != session_id
+        ):
+            return None
+        return found
+
+    async def _delete(self, kind: str, name: str, session_id: str, instance: str | None) -> None:
+        """Delete one object by exact name, only if it carries this session's label and the
+        token of the open that made it (`instance`; None for objects listed by gc); the
+        delete holds only for the uid that was checked."""
+        cfg = self.config
+        found = await self._read(kind, name)
+        if found is None:
+            return
         labels: dict[str, str] = found.metadata.labels or {}
         if labels.get(SESSION) != session_id:
             raise ProviderError(f"{kind} {name} is not session {session_id}'s; left alone")
+        if instance is not None and _annotations(found).get(INSTANCE) != instance:
+            return  # another open of the same id made it; it is that open's to remove
+        delete = getattr(_api(await self.clients(), kind), f"delete_namespaced_{kind}")
         body = {"preconditions": {"uid": found.metadata.uid}, "gracePeriodSeconds": 0}
         with contextlib.suppress(ApiException):
-            await idempotent(tokens, delete, name, namespace, body=body)
+            await idempotent(cfg.max_workers, delete, name, cfg.namespace, body=body)
 
     async def gc(self) -> list[str]:
         clients = await self.clients()
@@ -229,9 +351,19 @@ class KubernetesEnvironment(BaseEnvironment):
             for item in listed.items:
                 labels: dict[str, str] = item.metadata.labels or {}
                 if is_expired(labels, owner, now):
-                    await self._delete(kind, item.metadata.name, labels[SESSION])
+                    instance = _annotations(item).get(INSTANCE)
+                    await self._delete(kind, item.metadata.name, labels[SESSION], instance)
                     removed.append(f"{kind.replace('_', '')} {item.metadata.name}")
+        removed += await anyio.to_thread.run_sync(self.snapshots.collect)
         return removed
+
+
+def _api(clients: Api, kind: str) -> Any:
+    return clients.core if kind == "pod" else clients.networking
+
+
+def _annotations(found: Any) -> dict[str, str]:
+    return dict(found.metadata.annotations or {})
 
 
 async def _cluster_dns(clients: Api, tokens: int) -> tuple[str, ...]:

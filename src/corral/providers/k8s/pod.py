@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from typing import Any
 
@@ -17,6 +18,15 @@ from corral.providers.k8s.config import KubernetesConfig
 
 CONTAINER = "sandbox"
 READY_FILE = "/tmp/.corral-ready"
+# Annotations corral writes through the API server, where the workload (which holds no
+# API token) cannot change them: what reattaching reads instead of anything in the Pod.
+#: A random token per creating open, on the Pod and its NetworkPolicy: an undo deletes
+#: only objects its own open made (never those of a concurrent open of the same id).
+INSTANCE = "corral.instance"
+#: Set once open has applied the baseline and opened the workload's gate.
+OPENED = "corral.opened"
+#: The plan's timeouts.operation_s, the default timeout of every exec.
+OPERATION_TIMEOUT = "corral.operation-timeout-s"
 _IDLE_FIFO = "/tmp/.corral-idle"
 # The workload's own command starts only once corral has applied and verified the
 # baseline policy (it writes READY_FILE); until then nothing in the Pod talks. Without a
@@ -107,10 +117,13 @@ def manifest(
     lifetime = plan.timeouts.max_lifetime_s or cfg.default_lifetime_s
     spec["activeDeadlineSeconds"] = math.ceil(lifetime)
     spec.update(_names(cfg, dns_servers))
+    annotations = dict(cfg.annotations)
+    if plan.timeouts.operation_s is not None:
+        annotations[OPERATION_TIMEOUT] = str(plan.timeouts.operation_s)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "labels": labels, "annotations": dict(cfg.annotations)},
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
         "spec": {k: v for k, v in spec.items() if v is not None},
     }
 
@@ -171,11 +184,50 @@ async def wait_running(clients: Api, tokens: int, namespace: str, name: str) -> 
         if cause is not None:
             error = ConfigError if "image" in cause else ProviderError
             raise error(f"sandbox Pod {name}: {cause}")
-        statuses: list[Any] = pod.status.container_statuses or []
-        running = len(statuses) == len(pod.spec.containers) and all(
-            s.state and s.state.running for s in statuses
-        )
-        if pod.status.phase == "Running" and running:
+        if running(pod):
             return pod
         await anyio.sleep(delay)
         delay = min(delay * 2, 0.5)
+
+
+def running(pod: Any) -> bool:
+    """Whether the Pod runs, every container of its spec with it."""
+    statuses: list[Any] = pod.status.container_statuses or []
+    return (
+        pod.status.phase == "Running"
+        and len(statuses) == len(pod.spec.containers)
+        and all(s.state and s.state.running for s in statuses)
+    )
+
+
+def dns_servers(pod: Any) -> tuple[IPAddress, ...]:
+    """The resolvers its manifest gave the Pod (none when it left DNS to the cluster)."""
+    config: Any = pod.spec.dns_config
+    if pod.spec.dns_policy != "None" or config is None:
+        return ()
+    servers: list[str] = config.nameservers or []
+    return tuple(ipaddress.ip_address(s) for s in servers)
+
+
+def opened(pod: Any) -> bool:
+    """Whether a corral open finished this Pod: running, the sandbox container ready, and
+    marked opened by that open (an annotation only the API server's clients can write)."""
+    annotations: dict[str, str] = pod.metadata.annotations or {}
+    statuses: list[Any] = pod.status.container_statuses or []
+    ready = any(s.name == CONTAINER and s.ready for s in statuses)
+    deleting = pod.metadata.deletion_timestamp is not None
+    return running(pod) and ready and not deleting and annotations.get(OPENED) == "true"
+
+
+def operation_timeout(pod: Any) -> float | None:
+    """The exec default its open recorded; an annotation that does not parse is refused."""
+    annotations: dict[str, str] = pod.metadata.annotations or {}
+    value = annotations.get(OPERATION_TIMEOUT)
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ProviderError(
+            f"Pod {pod.metadata.name}: annotation {OPERATION_TIMEOUT}={value!r} is not a number"
+        ) from None

@@ -11,8 +11,12 @@ import anyio
 
 from corral.core.output import BoundedOutput
 from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
+from corral.core.snapshot import SnapshotRef
+from corral.core.snapshot_store import SnapshotRecord, SnapshotShelf
 from corral.core.tarsafe import CHUNK, extract_tar, pack_dir, pack_file, replacing, validate_dir
+from corral.core.treelimits import TreeLimits, bounded
 from corral.errors import (
+    ConfigError,
     ExecUserUnsupported,
     NetworkPolicyNotEnforced,
     NetworkPolicyUnsupported,
@@ -72,6 +76,9 @@ class KubernetesSession(EnvironmentSession):
         output_limit: int,
         default_timeout: float | None,
         reaper: Reaper,
+        snapshots: SnapshotShelf,
+        snapshot_paths: tuple[str, ...] | None,
+        snapshot_limits: TreeLimits,
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.target = target
@@ -89,6 +96,9 @@ class KubernetesSession(EnvironmentSession):
         self.last_enforced_s = 0.0
         self.forwards: dict[int, PortForwarder] = {}
         self.reaper = reaper
+        self.snapshots = snapshots
+        self.snapshot_paths = snapshot_paths
+        self.snapshot_limits = snapshot_limits
 
     async def endpoint(self, port: int) -> str | None:
         """A URL on 127.0.0.1 forwarded to `port` in the Pod, open until close()."""
@@ -261,3 +271,27 @@ class KubernetesSession(EnvironmentSession):
 
     async def _end_workload(self) -> None:
         await self.reaper.end_workload()
+
+    async def _save(self) -> SnapshotRef:
+        """Each snapshot path, through `download_dir` (hardened against the Pod's archive)
+        and held to `snapshot_limits`, into a new snapshot directory on this host."""
+
+        async def fill(record: SnapshotRecord) -> None:
+            with bounded(self.snapshot_limits):
+                for index, path in enumerate(record.paths):
+                    await self.download_dir(path, self.snapshots.tree(record.id, index))
+
+        paths = saved_paths(self.snapshot_paths, self.workdir)
+        return await self.snapshots.write(self.id, paths, fill)
+
+
+def saved_paths(configured: tuple[str, ...] | None, workdir: str) -> tuple[str, ...]:
+    """The configured snapshot paths, else the session's working directory."""
+    if configured is not None:
+        return configured
+    if workdir == "/":
+        raise ConfigError(
+            "the sandbox's working directory is '/', which a snapshot cannot hold; "
+            "set snapshot_paths in the k8s config (or plan.workdir)"
+        )
+    return (workdir,)

@@ -25,7 +25,7 @@ from corral.core.plan import ExecutionPlan
 from corral.core.redact import plain_env
 from corral.core.session import EnvironmentSession
 from corral.core.snapshot import SnapshotRef
-from corral.core.snapshot_store import SnapshotShelf, default_snapshot_root
+from corral.core.snapshot_store import SnapshotShelf, default_root
 from corral.errors import FeatureUnsupported
 from corral.network.capabilities import NetworkCapabilities
 from corral.network.policy import NetworkMode
@@ -105,18 +105,20 @@ class LocalEnvironment(BaseEnvironment):
 
     async def _restore(self, session: EnvironmentSession, ref: SnapshotRef) -> None:
         assert isinstance(session, LocalSession)
-        tree = self._shelf().tree(ref)
+        shelf = self._shelf()
+        record = await anyio.to_thread.run_sync(shelf.load, ref)
+        tree = shelf.tree(record.id, 0)
         await anyio.to_thread.run_sync(
             lambda: shutil.copytree(tree, session.workspace, symlinks=True, dirs_exist_ok=True)
         )
 
     async def gc(self) -> list[str]:
-        return await anyio.to_thread.run_sync(self._shelf().remove_expired)
+        return await anyio.to_thread.run_sync(self._shelf().collect)
 
     def _shelf(self) -> SnapshotShelf:
         cfg = self.config
         return SnapshotShelf(
-            root=cfg.snapshot_dir or default_snapshot_root(self.id),
+            cfg.snapshot_dir or default_root(self.id),
             provider=self.id,
             owner=cfg.owner,
             lifetime_s=cfg.snapshot_lifetime_s,

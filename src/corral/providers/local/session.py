@@ -10,7 +10,7 @@ import anyio
 from corral.core.paths import resolve_within
 from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
 from corral.core.snapshot import SnapshotRef
-from corral.core.snapshot_store import SnapshotShelf
+from corral.core.snapshot_store import SnapshotRecord, SnapshotShelf
 from corral.core.tarsafe import extract_tar, pack_dir
 from corral.errors import ConfigError, FeatureUnsupported, RemotePathNotFound
 from corral.network.policy import NetworkMode, NetworkPolicy
@@ -98,13 +98,15 @@ class LocalSession(EnvironmentSession):
                 self.workspace,
                 tree,
                 symlinks=True,
-                dirs_exist_ok=True,
                 ignore=lambda directory, _names: (
                     [".tmp"] if directory == str(self.workspace) else []
                 ),
             )
 
-        return await self._shelf.write(self.id, lambda tree: anyio.to_thread.run_sync(copy, tree))
+        async def fill(record: SnapshotRecord) -> None:
+            await anyio.to_thread.run_sync(copy, self._shelf.tree(record.id, 0))
+
+        return await self._shelf.write(self.id, (str(self.workspace),), fill)
 
     async def upload(self, local: str | Path, remote: str) -> None:
         target = self._path(remote)

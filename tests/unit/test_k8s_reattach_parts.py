@@ -1,0 +1,87 @@
+"""The pure parts of reattach and snapshots on `k8s`: the policy annotation, the "opened"
+test, and snapshot paths (the host-side store is tested in test_snapshot_store.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from corral.errors import ConfigError, ProviderError
+from corral.network.policy import NetworkPolicy
+from corral.network.resolve import Resolution
+from corral.providers.k8s import enforcement
+from corral.providers.k8s.config import KubernetesConfig
+from corral.providers.k8s.pod import OPENED, opened
+from corral.providers.k8s.session import saved_paths
+
+
+def _object(annotations: dict[str, str] | None) -> Any:
+    return SimpleNamespace(metadata=SimpleNamespace(name="corral-x", annotations=annotations))
+
+
+def test_the_policy_annotation_is_written_with_the_spec_and_read_back() -> None:
+    policy = NetworkPolicy.allowlist("10.0.0.0/8", "192.0.2.1:443")
+    body = enforcement.render(policy, Resolution(), "corral-x", "x", {})
+    assert len(body["spec"]["egress"]) == 2
+    found = _object(body["metadata"]["annotations"])
+    assert enforcement.policy_in_force(found) == policy
+
+
+@pytest.mark.parametrize(
+    ("annotations", "match"),
+    [
+        (None, "carries no corral.policy"),
+        ({"corral.policy": "public"}, "is not a policy"),
+        ({"corral.policy": '{"network_mode": "allowlist"}'}, "is not a policy"),
+    ],
+)
+def test_a_missing_or_garbled_policy_is_refused(
+    annotations: dict[str, str] | None, match: str
+) -> None:
+    with pytest.raises(ProviderError, match=f"corral-x.*{match}"):
+        enforcement.policy_in_force(_object(annotations))
+
+
+def _pod(*, phase: str = "Running", ready: bool = True, mark: bool = True) -> Any:
+    statuses = [
+        SimpleNamespace(name=n, ready=ready, state=SimpleNamespace(running=True))
+        for n in ("sandbox", "corral-probe")
+    ]
+    return SimpleNamespace(
+        metadata=SimpleNamespace(
+            annotations={OPENED: "true"} if mark else {}, deletion_timestamp=None
+        ),
+        status=SimpleNamespace(phase=phase, container_statuses=statuses),
+        spec=SimpleNamespace(containers=[object(), object()]),
+    )
+
+
+def test_only_a_running_ready_pod_its_open_finished_is_opened() -> None:
+    assert opened(_pod())
+    assert not opened(_pod(mark=False))
+    assert not opened(_pod(ready=False))
+    assert not opened(_pod(phase="Failed"))
+    deleting = _pod()
+    deleting.metadata.deletion_timestamp = datetime.now(UTC)
+    assert not opened(deleting)
+
+
+@pytest.mark.parametrize("path", ["work", "/", "//", "/a/../b", ""])
+def test_snapshot_paths_must_be_absolute_directories_below_the_root(path: str) -> None:
+    with pytest.raises(ValidationError, match="snapshot path"):
+        KubernetesConfig(snapshot_paths=(path,))
+
+
+def test_snapshot_paths_are_normalized() -> None:
+    assert KubernetesConfig(snapshot_paths=("//srv/./data/",)).snapshot_paths == ("/srv/data",)
+
+
+def test_the_default_snapshot_path_is_the_workdir_but_never_the_root() -> None:
+    assert saved_paths(None, "/work") == ("/work",)
+    assert saved_paths(("/a", "/b"), "/") == ("/a", "/b")
+    with pytest.raises(ConfigError, match="snapshot_paths"):
+        saved_paths(None, "/")
