@@ -9,6 +9,7 @@ Python >= 3.12: in the project's 3.11 environment this module skips with that re
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import subprocess
@@ -26,6 +27,9 @@ pytest.importorskip(
 )
 
 pytestmark = pytest.mark.docker
+
+hb_task: Any = importlib.import_module("harbor.models.task.config")
+hb_paths: Any = importlib.import_module("harbor.models.trial.paths")
 
 TASKS = Path(__file__).parent / "harbor_tasks"
 IMPORT_PATH = "corral.adapters.harbor:CorralEnvironment"
@@ -109,3 +113,75 @@ def test_failed_start_leaves_nothing(
     assert reward(result) is None
     assert "corral.local/missing:none" in result["exception_info"]["exception_message"]
     assert leftovers(engine, owner) == []
+
+
+def environment(owner: str, tmp_path: Path, policy: Any = None) -> Any:
+    """A CorralEnvironment built as Harbor's trial builds one, without a trial."""
+    from corral.adapters.harbor import CorralEnvironment
+
+    trial_paths = hb_paths.TrialPaths(tmp_path / "trial")
+    trial_paths.mkdir()
+    env_dir = tmp_path / "environment"
+    env_dir.mkdir(exist_ok=True)
+    return CorralEnvironment(
+        environment_dir=env_dir,
+        environment_name="semantics",
+        session_id="semantics__env",
+        trial_paths=trial_paths,
+        task_env_config=hb_task.EnvironmentConfig(docker_image=TEST_IMAGE, workdir="/app"),
+        network_policy=policy,
+        provider="docker",
+        provider_config=env_config(owner),
+    )
+
+
+@pytest.mark.anyio
+async def test_exec_and_files_follow_harbor(engine: Any, owner: str, tmp_path: Path) -> None:
+    env = environment(owner, tmp_path)
+    await env.start(force_build=False)
+    try:
+        shell = await env.exec(
+            'echo "$BASH_VERSION" | cut -c1; pwd; echo "$FLAG"', env={"FLAG": "on"}
+        )
+        assert (shell.return_code, shell.stdout) == (0, "5\n/app\non\n")
+        failed = await env.exec("echo oops >&2; exit 3", cwd="/tmp")
+        assert (failed.return_code, failed.stdout, failed.stderr) == (3, None, "oops\n")
+        with pytest.raises(RuntimeError, match="timed out after 1 seconds"):
+            await env.exec("sleep 30", timeout_sec=1)
+        as_root = await env.exec("id -u", user="root")
+        assert as_root.stdout == "0\n"
+
+        # upload_dir merges into the target, as `docker cp src/. main:dst` does.
+        first, second = tmp_path / "first", tmp_path / "second"
+        (first / "sub").mkdir(parents=True)
+        (first / "sub" / "a.txt").write_text("a")
+        (second / "sub").mkdir(parents=True)
+        (second / "sub" / "b.txt").write_text("b")
+        await env.upload_dir(first, "/app/data")
+        await env.upload_dir(second, "/app/data")
+        listed = await env.exec("find data -type f | sort")
+        assert listed.stdout == "data/sub/a.txt\ndata/sub/b.txt\n"
+
+        # download_dir lands the tree's contents in the target, overwriting what is there.
+        back = tmp_path / "back"
+        (back / "sub").mkdir(parents=True)
+        (back / "sub" / "a.txt").write_text("stale")
+        await env.download_dir("/app/data", back)
+        assert (back / "sub" / "a.txt").read_text() == "a"
+        assert (back / "sub" / "b.txt").read_text() == "b"
+        await env.upload_file(first / "sub" / "a.txt", "/app/one.txt")
+        await env.download_file("/app/one.txt", tmp_path / "one.txt")
+        assert (tmp_path / "one.txt").read_text() == "a"
+        assert await env.is_dir("/app/data") and not await env.is_file("/app/data")
+        assert leftovers(engine, owner)
+    finally:
+        await env.stop(delete=True)
+    assert leftovers(engine, owner) == []
+    await env.stop(delete=True)  # idempotent
+
+
+def test_unenforceable_policy_is_refused_before_start(owner: str, tmp_path: Path) -> None:
+    # corral's docker provider resolves hostnames; it cannot enforce a wildcard.
+    wildcard = hb_task.NetworkPolicy(network_mode="allowlist", allowed_hosts=["*.example.com"])
+    with pytest.raises(ValueError, match="wildcard hostnames is not supported by corral"):
+        environment(owner, tmp_path, wildcard)
