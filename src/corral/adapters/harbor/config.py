@@ -24,8 +24,7 @@ class HarborEnvironmentConfig(BaseModel):
     )
     image: str | None = Field(
         default=None,
-        description="sandbox image; overrides the task's [environment].docker_image and "
-        "environment/Dockerfile",
+        description="sandbox image; overrides the task's docker_image and environment/Dockerfile",
     )
     startup_timeout_s: float = Field(
         default=300.0, gt=0, description="seconds corral may take to open the sandbox"
