@@ -73,7 +73,8 @@ if [ $# = 0 ]; then
   if py312=$(python312); then
     UV_PROJECT_ENVIRONMENT=.venv-3.12 uv sync --python "$py312" --all-extras --frozen --quiet
     .venv-3.12/bin/python -m pytest -p no:cacheprovider tests/unit \
-      tests/integration/adapters/test_agentcompass_docker.py
+      tests/integration/adapters/test_agentcompass_docker.py \
+      tests/integration/adapters/test_harbor.py
   elif [ "${CI:-}" = true ]; then
     echo "tests/run.sh: no Python 3.12 found (PATH or pyenv); the 3.12 stage cannot run" >&2
     exit 1

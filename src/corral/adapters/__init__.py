@@ -1,4 +1,4 @@
-"""Adapters that plug corral's providers into agent harnesses (Inspect, AgentCompass).
+"""Adapters that plug corral's providers into agent harnesses (Inspect, AgentCompass, Harbor).
 
 Each adapter is one subpackage behind an extra; importing `corral` never imports them.
 """
