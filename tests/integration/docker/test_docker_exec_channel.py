@@ -81,7 +81,11 @@ async def test_a_helper_that_cannot_start_falls_back_to_plain_exec(
     garbage = tmp_path / "corral-exec"
     garbage.write_bytes(b"\x7fELF not a program for any machine" * 10)
     replacement = None if broken == "missing" else garbage
-    monkeypatch.setattr("corral.providers.docker.channel.helper_binary", lambda arch: replacement)
+
+    def binary(arch: str) -> Path | None:
+        return replacement
+
+    monkeypatch.setattr("corral.providers.docker.channel.helper_binary", binary)
     caplog.set_level(logging.INFO, logger="corral.docker.channel")
     with EngineFaultProxy() as proxy:
         env = make_env(owner, base_url=proxy.base_url)
@@ -108,6 +112,7 @@ async def test_cancelling_an_exec_kills_its_tree_and_the_channel_stays(owner: st
     async with make_env(owner).session(PLAN) as session:
         await session.exec(["true"])
         started = anyio.Event()
+        began = time.monotonic()
 
         def seen(stream: str, text: str) -> None:
             started.set()
@@ -240,6 +245,7 @@ async def test_a_channel_broken_mid_call_raises_and_the_next_call_restarts(owner
         await session.exec(["true"])
         failure: list[BaseException] = []
         raised = anyio.Event()
+        took = float("inf")
 
         async def victim() -> None:
             try:
