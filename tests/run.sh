@@ -15,6 +15,7 @@ TOOLS=(
   "setpriv:util-linux" "ip:iproute2" "git:git" "gcc:gcc" "curl:curl" "ipset:ipset"
   "python3:python3" "ctr:containerd" "sed:sed"
   "conntrack:conntrack" "containerd:containerd" "runc:runc" "openssl:openssl"
+  "go:golang-go"
 )
 preflight() {
   local missing=() entry tool
@@ -57,6 +58,10 @@ trap cleanup EXIT
 if ! docker info >/dev/null 2>&1; then started_engine=1; fi
 bash tests/integration/docker/engine.sh up
 bash tests/integration/images/build.sh
+# The exec channel's helper (static Go, into the package's data directory); the Go build
+# and module caches live outside the repo, so a rebuild with unchanged sources is quick.
+export GOCACHE=${GOCACHE:-$HOME/.cache/go-build} GOMODCACHE=${GOMODCACHE:-$HOME/go/pkg/mod}
+bash helper/build.sh
 
 # The test cluster is built from upstream sources on first use (cold: ~26 min).
 started_cluster=1

@@ -98,6 +98,13 @@ class DockerConfig(RuntimeEnvironmentConfig):
     output_limit_bytes: int = Field(
         default=DEFAULT_OUTPUT_LIMIT, ge=1024, description="bytes of stdout/stderr kept per exec"
     )
+    exec_channel: bool = Field(
+        default=True,
+        description="run execs through one helper process per sandbox (corral's static "
+        "corral-exec binary, copied in and started once over a long-lived exec stream) "
+        "instead of one engine exec each; where the helper is missing or cannot run, "
+        "execs fall back to plain engine execs and the logs say so",
+    )
     api_timeout_s: float = Field(
         default=60.0, gt=0, description="seconds one Engine API call may take"
     )

@@ -389,6 +389,7 @@ class DockerEnvironment(BaseEnvironment):
             workdir=started["Config"].get("WorkingDir") or "/",
             runtime=started["HostConfig"].get("Runtime") or "runc",
             verified_runtimes=self._verified_runtimes,
+            exec_channel=cfg.exec_channel,
         )
         session.image = image
         session.resolution = baseline

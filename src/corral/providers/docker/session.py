@@ -26,9 +26,10 @@ from corral.network.policy import NetworkPolicy
 from corral.network.probe import DISCARD_PORT, forbidden_probe
 from corral.network.resolve import Resolution, needs_dns
 from corral.network.targets import EntryType, IPAddress
+from corral.providers.docker.channel import ChannelExecutor
 from corral.providers.docker.enforcement import apply_policy, probe_from_sandbox, resolve
 from corral.providers.docker.engine import Engine, call
-from corral.providers.docker.execution import run_exec
+from corral.providers.docker.executor import ExecRequest, Executor, PlainExecutor
 from corral.providers.docker.landing import SandboxFiles
 from corral.providers.docker.resources import remove_container
 
@@ -60,6 +61,7 @@ class DockerSession(EnvironmentSession):
         workdir: str,
         runtime: str,
         verified_runtimes: set[str],
+        exec_channel: bool = False,
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.client = client
@@ -84,6 +86,11 @@ class DockerSession(EnvironmentSession):
         # Runtimes this environment has seen meet the namespace's rules (shared by its
         # sessions: bypassing netfilter is a property of the runtime, not of a sandbox).
         self.verified_runtimes = verified_runtimes
+        self.executor: Executor = (
+            ChannelExecutor(client.api, tokens, sandbox, id)
+            if exec_channel
+            else PlainExecutor(client.api, tokens, sandbox)
+        )
 
     async def exec(
         self,
@@ -96,18 +103,17 @@ class DockerSession(EnvironmentSession):
         stdin: str | bytes | None = None,
         on_output: OutputCallback | None = None,
     ) -> ExecResult:
-        return await run_exec(
-            self.client.api,
-            self.tokens,
-            self.sandbox,
-            argv(command),
-            env=env or {},
-            workdir=self._absolute(cwd) if cwd else None,
-            user=user or self.user,
-            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
-            timeout=timeout if timeout is not None else self.default_timeout,
-            on_output=on_output,
-            output_limit=self.output_limit,
+        return await self.executor.run(
+            ExecRequest(
+                argv(command),
+                env=env or {},
+                workdir=self._absolute(cwd) if cwd else None,
+                user=user or self.user,
+                stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+                timeout=timeout if timeout is not None else self.default_timeout,
+                on_output=on_output,
+                output_limit=self.output_limit,
+            )
         )
 
     def _absolute(self, path: str) -> str:
@@ -193,6 +199,7 @@ class DockerSession(EnvironmentSession):
         nothing inside the container can change.
         """
         api = self.client.api
+        self.executor.reset()  # the exec channel's helper dies with the workload
         try:
             before = await self._host_pids()
             old: dict[str, Any] = await call(self.tokens, api.inspect_container, self.sandbox)

@@ -1,0 +1,3 @@
+module corral.local/exechelper
+
+go 1.19

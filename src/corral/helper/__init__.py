@@ -1,0 +1,27 @@
+"""The exec channel's helper binary, shipped as package data.
+
+`corral-exec` is a small static program (Go, no cgo; source in `helper/` at the root of
+the repository) that the Docker provider copies into a sandbox and starts once, to spawn
+each later exec without paying the engine's exec cost. `helper/build.sh` builds it into
+`bin/` here; a wheel built after that carries it. Installing corral never compiles it:
+where the binary for a sandbox's architecture is absent, exec falls back to the plain
+engine path and the logs say so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BIN_DIR = Path(__file__).parent / "bin"
+
+#: engine architecture names (`docker version` Arch, uname -m) -> Go's
+_ARCHES = {"amd64": "amd64", "x86_64": "amd64", "arm64": "arm64", "aarch64": "arm64"}
+
+
+def helper_binary(arch: str) -> Path | None:
+    """The helper for Linux on `arch`, or None if this installation has none."""
+    goarch = _ARCHES.get(arch.lower())
+    if goarch is None:
+        return None
+    path = BIN_DIR / f"corral-exec-linux-{goarch}"
+    return path if path.is_file() else None
