@@ -224,8 +224,16 @@ class DockerSession(EnvironmentSession):
         except NetworkPolicyNotEnforced as exc:
             await self.fail_enforcement(str(exc))
 
+    async def follow_names(self) -> None:
+        """For a session found again: the policy's hostnames resolved now and, if it has
+        any, the policy applied again, so its rules follow today's addresses."""
+        if _has_hostnames(self.policy):
+            await self._apply(self.policy)
+        else:
+            self.resolution = await self._resolve(self.policy)
+
     async def _refresh_names(self) -> float | None:
-        if not any(t.entry_type is EntryType.HOSTNAME for t in self.policy.targets):
+        if not _has_hostnames(self.policy):
             return None
         before = self.resolution
         resolved = await self._resolve(self.policy)
@@ -235,8 +243,7 @@ class DockerSession(EnvironmentSession):
         return resolved.ttl_s
 
     async def _resolve(self, policy: NetworkPolicy) -> Resolution:
-        hostnames = any(t.entry_type is EntryType.HOSTNAME for t in policy.targets)
-        if hostnames and not needs_dns(self.policy):
+        if _has_hostnames(policy) and not needs_dns(self.policy):
             # DNS is closed in this namespace right now; ask the same network's resolver
             # from a fresh twin of corral's image instead.
             async with _resolver(self) as twin:
@@ -278,6 +285,10 @@ class DockerSession(EnvironmentSession):
             self.client.api, self.tokens, self.holder, self.sandbox, probe, self.runtime
         )
         self.verified_runtimes.add(self.runtime)
+
+
+def _has_hostnames(policy: NetworkPolicy) -> bool:
+    return any(t.entry_type is EntryType.HOSTNAME for t in policy.targets)
 
 
 @asynccontextmanager
