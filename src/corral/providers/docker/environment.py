@@ -7,7 +7,8 @@ policy is applied and probed before the sandbox container exists.
 
 A session is found again by its id (`attach`, `open(plan, session_id=…)`, also from another
 process): the engine's labels name its containers, and the policy in force is read back
-from the holder's kernel rules, which carry it (`network.policy_record`).
+from the holder's kernel rules, which carry it (`network.policy_record`). `session.save()`
+commits the sandbox container to a local image (`snapshots`) that `fork` starts from.
 
 Both containers end at the session's `corral.expires-at` and the engine removes them
 (auto-remove), with no corral process running: a SIGKILLed harness leaks only the
@@ -45,11 +46,13 @@ from corral.core.labels import (
 from corral.core.plan import ExecutionPlan
 from corral.core.redact import plain_env
 from corral.core.session import EnvironmentSession
+from corral.core.snapshot import SnapshotRef
 from corral.errors import ConfigError, NetworkPolicyNotEnforced, ProviderError, SessionIdTaken
 from corral.network.policy import NetworkMode, NetworkPolicy
 from corral.network.probe import DISCARD_PORT
 from corral.network.resolve import Resolution
 from corral.network.targets import EntryType, IPAddress
+from corral.providers.docker import snapshots
 from corral.providers.docker.config import DockerConfig
 from corral.providers.docker.enforcement import (
     apply_policy,
@@ -103,6 +106,7 @@ class DockerEnvironment(BaseEnvironment):
     supports_network_target_ports = True
     supports_dynamic_network_policy = True
     supports_reattach = True
+    supports_snapshot = True
     max_concurrent_opens = 16
 
     config: DockerConfig
@@ -508,6 +512,7 @@ class DockerEnvironment(BaseEnvironment):
             workdir=sandbox["Config"].get("WorkingDir") or "/",
             runtime=sandbox["HostConfig"].get("Runtime") or "runc",
             verified_runtimes=self._verified_runtimes,
+            snapshot_lifetime_s=cfg.snapshot_lifetime_s,
         )
         session.image = sandbox["Config"]["Image"]
         return session
@@ -539,14 +544,21 @@ class DockerEnvironment(BaseEnvironment):
         owned.push_async_callback(remove_container, client, tokens, sandbox["Id"], session_id)
         return session, owned
 
+    async def _from_snapshot(self, ref: SnapshotRef, plan: ExecutionPlan) -> ExecutionPlan:
+        """The plan, opening from `ref`'s image (its own env, command and policies kept)."""
+        client = await self.client()
+        image_id = await snapshots.find(client, self.config.max_workers, self.config.owner, ref)
+        return plan.model_copy(update={"native": {"image_id": image_id}})
+
     async def gc(self) -> list[str]:
-        """Remove idle pooled sandboxes past their idle age, then expired containers and
-        networks, all carrying this owner's labels."""
+        """Remove idle pooled sandboxes past their idle age, then expired snapshot images,
+        containers and networks, all carrying this owner's labels."""
         client = await self.client()
         tokens = self.config.max_workers
         owner = self.config.owner
         now = time.time()
         removed = await collect_idle(client, tokens, owner, now)
+        removed += await snapshots.collect_expired(client, tokens, owner, now)
         containers: list[dict[str, Any]] = await idempotent(
             tokens, client.api.containers, all=True, filters={"label": f"{OWNER}={owner}"}
         )

@@ -13,8 +13,10 @@ from typing import Any
 import anyio
 from docker.errors import APIError, NotFound
 
+from corral.core.labels import OWNER
 from corral.core.logs import event
 from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
+from corral.core.snapshot import SnapshotRef
 from corral.core.tarsafe import extract_file, extract_tar, pack_dir, pack_file, validate_dir
 from corral.errors import (
     NetworkPolicyNotEnforced,
@@ -26,6 +28,7 @@ from corral.network.policy import NetworkPolicy
 from corral.network.probe import DISCARD_PORT, forbidden_probe
 from corral.network.resolve import Resolution, needs_dns
 from corral.network.targets import EntryType, IPAddress
+from corral.providers.docker import snapshots
 from corral.providers.docker.enforcement import apply_policy, probe_from_sandbox, resolve
 from corral.providers.docker.engine import Engine, call
 from corral.providers.docker.execution import run_exec
@@ -60,6 +63,7 @@ class DockerSession(EnvironmentSession):
         workdir: str,
         runtime: str,
         verified_runtimes: set[str],
+        snapshot_lifetime_s: float,
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.client = client
@@ -84,6 +88,7 @@ class DockerSession(EnvironmentSession):
         # Runtimes this environment has seen meet the namespace's rules (shared by its
         # sessions: bypassing netfilter is a property of the runtime, not of a sandbox).
         self.verified_runtimes = verified_runtimes
+        self.snapshot_lifetime_s = snapshot_lifetime_s
 
     async def exec(
         self,
@@ -223,6 +228,16 @@ class DockerSession(EnvironmentSession):
             await self._apply(policy)
         except NetworkPolicyNotEnforced as exc:
             await self.fail_enforcement(str(exc))
+
+    async def _save(self) -> SnapshotRef:
+        return await snapshots.commit(
+            self.client,
+            self.tokens,
+            self.sandbox,
+            self.labels[OWNER],
+            self.id,
+            self.snapshot_lifetime_s,
+        )
 
     async def follow_names(self) -> None:
         """For a session found again: the policy's hostnames resolved now and, if it has
