@@ -24,7 +24,7 @@ import ipaddress
 import json
 import time
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, ClassVar
 
@@ -302,7 +302,8 @@ class DockerEnvironment(BaseEnvironment):
             subnet = pick_subnet(cfg.address_pool, cfg.network_prefix_len)
             owned.callback(release_subnet, subnet)
             # By name until the engine answers with an id: a create cut short may land.
-            undo = _withdrawable(owned, remove_network, client, tokens, name, sid)
+            undo = _withdrawable(owned)
+            undo.push_async_callback(remove_network, client, tokens, name, sid)
             lock = _creating.setdefault(name, anyio.Lock())
             try:
                 async with lock:
@@ -334,8 +335,7 @@ class DockerEnvironment(BaseEnvironment):
         """The holder on `network` (an id: its name may be repeated), started; inspected."""
         cfg = self.config
         tokens = cfg.max_workers
-        undo = AsyncExitStack()
-        owned.push_async_callback(undo.aclose)
+        undo = _withdrawable(owned)
         for name in names:
             undo.push_async_callback(remove_container, client, tokens, name, sid)
         host_config = client.api.create_host_config(
@@ -577,14 +577,11 @@ class DockerEnvironment(BaseEnvironment):
         return removed
 
 
-def _withdrawable(
-    owned: AsyncExitStack, undo: Callable[..., Awaitable[object]], *args: Any
-) -> AsyncExitStack:
-    """`undo(*args)` on `owned`, withdrawn by `.pop_all()` on the returned stack once the
-    engine says the create it undoes made nothing of ours."""
+def _withdrawable(owned: AsyncExitStack) -> AsyncExitStack:
+    """A stack of undos unwound with `owned`, or withdrawn (`.pop_all()`) once the engine
+    says the create they undo made nothing of ours (the name is another open's)."""
     stack = AsyncExitStack()
     owned.push_async_callback(stack.aclose)
-    stack.push_async_callback(undo, *args)
     return stack
 
 
