@@ -25,6 +25,8 @@ INJECTED = "-A CORRAL-EGRESS -j ACCEPT"
 # without spaces, '%' or anything else a zone id could bring.
 PAYLOAD_LINE = re.compile(
     r"\*filter|COMMIT|:[A-Z-]+ (ACCEPT|DROP|-) \[0:0\]|-A [A-Z-]+( [-\w,./:]+)+|"
+    # the policy record: base64 text only
+    r'-A CORRAL-POLICY -m comment --comment "corral-policy:\d+/\d+:[-\w=]+"|'
 )
 
 

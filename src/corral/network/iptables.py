@@ -8,6 +8,9 @@ does not survive a switch to a stricter one. The only conntrack exception is the
 direction of connections that came *in* (a server behind `endpoint(port)`), which never
 lets the sandbox originate anything.
 
+Each payload also carries the policy it enforces (`policy_record`), so that what is in
+force can be read back from the kernel.
+
 Addresses enter the text only through `rule_text`, rebuilt from their integers: nothing a
 policy or the sandbox wrote (a zone id, a newline) can become a rule line.
 """
@@ -20,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from corral.network.addresses import rule_text
 from corral.network.policy import NetworkMode, NetworkPolicy
+from corral.network.policy_record import RECORD_CHAIN, PolicyRecord, record_rules
 from corral.network.resolve import AddressRule, Resolution, address_rules, needs_dns
 
 CHAIN = "CORRAL-EGRESS"
@@ -89,6 +93,8 @@ def _render_family(
         ":FORWARD DROP [0:0]",
         ":OUTPUT ACCEPT [0:0]",
         f":{CHAIN} - [0:0]",
+        f":{RECORD_CHAIN} - [0:0]",
+        *record_rules(PolicyRecord(policy=policy, dns_servers=resolved.dns_servers)),
         f"-A OUTPUT -j {CHAIN}",
         *(f"-A {CHAIN} {rule}" for rule in body),
         "COMMIT",

@@ -124,6 +124,14 @@ class DockerConfig(RuntimeEnvironmentConfig):
         "`corral gc` removes idle pooled sandboxes older than this",
     )
 
+    snapshot_lifetime_s: float = Field(
+        default=86400.0,
+        gt=0,
+        le=365 * 86400,
+        description="seconds a snapshot image from session.save() is kept for fork(); "
+        "`corral gc` removes it after that",
+    )
+
     @field_validator("address_pool")
     @classmethod
     def _pool(cls, value: str) -> str:

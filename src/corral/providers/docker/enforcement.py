@@ -21,6 +21,7 @@ from corral.errors import NetworkPolicyNotEnforced, ProviderError
 from corral.network.dns import Answer, resolve_names
 from corral.network.iptables import CHAIN, render_iptables
 from corral.network.policy import NetworkPolicy
+from corral.network.policy_record import PolicyRecord, read_record
 from corral.network.probe import DISCARD_PORT, forbidden_probe
 from corral.network.resolve import Resolution, parse_resolv_conf, resolve_policy
 from corral.network.targets import EntryType, IPAddress
@@ -44,6 +45,7 @@ fi
 $CORRAL_PROBE_TABLES -w 5 -nvxL "$CORRAL_CHAIN" \
   | awk '$3 == "REJECT" {n += $1} END {print "rejects=" n+0}'
 """
+_SAVED = "iptables-save -t filter && echo '#corral-ipv6' && ip6tables-save -t filter"
 _REJECTS = r"""$1 -w 5 -nvxL "$2" | awk '$3 == "REJECT" {n += $1} END {print n+0}'"""
 #: corral's own static busybox, from its holder image, for the probe from the sandbox.
 _BUSYBOX = "/bin/busybox"
@@ -168,6 +170,24 @@ async def apply_policy(
             raise NetworkPolicyNotEnforced(
                 f"probe to {target} failed, but not through corral's rules (no REJECT counted)"
             )
+
+
+async def policy_in_force(api: Engine, tokens: int, holder: str) -> PolicyRecord:
+    """The record `apply_policy` last left in the holder's namespace, read from the kernel
+    with the holder's own tools; both families must carry the same one."""
+    result = await _as_root(api, tokens, holder, ["sh", "-c", _SAVED])
+    v4, _, v6 = result.stdout.partition("#corral-ipv6")
+    try:
+        if result.returncode != 0 or result.stdout_truncated:
+            raise ValueError(f"iptables-save failed (exit {result.returncode})")
+        record = read_record(v4)
+        if read_record(v6) != record:
+            raise ValueError("the IPv4 and IPv6 rules carry different policies")
+    except ValueError as exc:
+        raise ProviderError(
+            f"cannot read the policy in force from holder {holder[:12]}: {exc}"
+        ) from None
+    return record
 
 
 async def _rejects(api: Engine, tokens: int, holder: str, version: int) -> int:

@@ -5,6 +5,11 @@ holder container with NET_ADMIN that owns the network namespace, and the sandbox
 container that joins it with every capability dropped but the workload's. The baseline
 policy is applied and probed before the sandbox container exists.
 
+A session is found again by its id (`attach`, `open(plan, session_id=…)`, also from another
+process): the engine's labels name its containers, and the policy in force is read back
+from the holder's kernel rules, which carry it (`network.policy_record`). `session.save()`
+commits the sandbox container to a local image (`snapshots`) that `fork` starts from.
+
 Both containers end at the session's `corral.expires-at` and the engine removes them
 (auto-remove), with no corral process running: a SIGKILLed harness leaks only the
 network, which `corral gc` removes. The holder's timer is out of the workload's reach, so
@@ -15,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import json
 import time
+import weakref
 from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, ClassVar
@@ -28,32 +35,58 @@ from docker.types import DeviceRequest
 
 from corral.core.blocking import limiter
 from corral.core.environment import BaseEnvironment
-from corral.core.labels import EXPIRES_AT, OWNER, is_expired, new_session_id, session_labels
+from corral.core.labels import (
+    EXPIRES_AT,
+    OWNER,
+    SESSION,
+    is_expired,
+    new_session_id,
+    session_labels,
+)
 from corral.core.plan import ExecutionPlan
 from corral.core.redact import plain_env
 from corral.core.session import EnvironmentSession
-from corral.errors import ConfigError, NetworkPolicyNotEnforced, ProviderError
-from corral.network.policy import NetworkMode
+from corral.core.snapshot import SnapshotRef
+from corral.errors import ConfigError, NetworkPolicyNotEnforced, ProviderError, SessionIdTaken
+from corral.network.policy import NetworkMode, NetworkPolicy
 from corral.network.probe import DISCARD_PORT
-from corral.network.targets import EntryType
+from corral.network.resolve import Resolution
+from corral.network.targets import EntryType, IPAddress
+from corral.providers.docker import snapshots
 from corral.providers.docker.config import DockerConfig
-from corral.providers.docker.enforcement import apply_policy, dns_servers, resolve
+from corral.providers.docker.enforcement import (
+    apply_policy,
+    dns_servers,
+    policy_in_force,
+    resolve,
+)
 from corral.providers.docker.engine import Engine, call, connect, idempotent
 from corral.providers.docker.pool import Pooling, WarmPool, collect_idle
 from corral.providers.docker.resources import (
+    ROLE,
+    NameTaken,
     SubnetTaken,
     create_network,
     discard_container,
     holder_name,
+    live_pair,
     network_name,
     pick_subnet,
     pick_subnet6,
     pooled_holder_name,
+    release_subnet,
     remove_container,
     remove_network,
     sandbox_name,
 )
 from corral.providers.docker.session import DockerSession
+
+#: looks, 0.2 s apart, for a second network of the session's name to go
+UNIQUE_TRIES = 50
+#: Network creates under way in this process, by name: the engine checks a new network's
+#: name only against networks it has finished creating, so two opens of one id at once
+#: would both make one. Across processes `_network_unique` narrows that window.
+_creating: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
 
 
 def sleep_until(expires_at: str) -> list[str]:
@@ -72,6 +105,8 @@ class DockerEnvironment(BaseEnvironment):
     supported_allowlist_entry_types = frozenset(EntryType) - {EntryType.WILDCARD_HOSTNAME}
     supports_network_target_ports = True
     supports_dynamic_network_policy = True
+    supports_reattach = True
+    supports_snapshot = True
     max_concurrent_opens = 16
 
     config: DockerConfig
@@ -223,7 +258,6 @@ class DockerEnvironment(BaseEnvironment):
         session_id: str | None,
     ) -> DockerSession:
         cfg = self.config
-        tokens = cfg.max_workers
         client = await self.client()
         sid = session_id or new_session_id()
         lifetime = plan.timeouts.max_lifetime_s or cfg.default_lifetime_s
@@ -236,27 +270,76 @@ class DockerEnvironment(BaseEnvironment):
         labels = session_labels(cfg.owner, sid, lifetime, extra)
         image = await self._image(client, plan)
         await self._ensure_image(client, cfg.holder_image)
+        network = await self._make_network(client, owned, sid, labels)
+        holder = await self._start_holder(client, owned, sid, network, labels, holder_names)
+        dns = await dns_servers(client.api, cfg.max_workers, holder["Id"])
+        baseline = await self._apply_baseline(client, sid, holder, plan.network.baseline, dns)
+        sandbox = await self._start_sandbox(client, owned, sid, holder["Id"], image, plan, labels)
+        session = self._session(
+            client,
+            holder,
+            sandbox,
+            policy=plan.network.baseline,
+            dns=dns,
+            labels=labels,
+            default_timeout=plan.timeouts.operation_s,
+        )
+        session.resolution = baseline
+        try:
+            await session.check_runtime(plan.network.baseline)
+        except NetworkPolicyNotEnforced as exc:
+            raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
+        return session
 
-        net_name = network_name(sid)
-        subnet = pick_subnet(cfg.address_pool, cfg.network_prefix_len)
-        subnet6 = pick_subnet6(cfg.ipv6_pool)
-        owned.push_async_callback(remove_network, client, tokens, net_name, sid, subnet)
+    async def _make_network(
+        self, client: Engine, owned: AsyncExitStack, sid: str, labels: dict[str, str]
+    ) -> str:
+        """The session's own bridge network; returns its id."""
+        cfg = self.config
+        tokens = cfg.max_workers
+        name = network_name(sid)
         for _ in range(16):
+            subnet = pick_subnet(cfg.address_pool, cfg.network_prefix_len)
+            owned.callback(release_subnet, subnet)
+            # By name until the engine answers with an id: a create cut short may land.
+            undo = _withdrawable(owned)
+            undo.push_async_callback(remove_network, client, tokens, name, sid)
+            lock = _creating.setdefault(name, anyio.Lock())
             try:
-                await create_network(client, tokens, net_name, labels, subnet, subnet6)
-                break
+                async with lock:
+                    created = await create_network(
+                        client, tokens, name, labels, subnet, pick_subnet6(cfg.ipv6_pool)
+                    )
             except SubnetTaken:
-                subnet = pick_subnet(cfg.address_pool, cfg.network_prefix_len)
-                subnet6 = pick_subnet6(cfg.ipv6_pool)
-                owned.push_async_callback(remove_network, client, tokens, net_name, sid, subnet)
-        else:
-            raise ProviderError(f"no free subnet in address_pool {cfg.address_pool}")
-        gateway = next(subnet.hosts())
+                undo.pop_all()
+                continue
+            except NameTaken:
+                undo.pop_all()  # another open's network
+                raise SessionIdTaken(f"session_id {sid!r}: network {name!r} exists") from None
+            # Opens of one id in two processes at once may both create a network of this
+            # name: from here on, only this one is ours.
+            undo.pop_all()
+            owned.push_async_callback(remove_network, client, tokens, created["Id"], sid)
+            return str(created["Id"])
+        raise ProviderError(f"no free subnet in address_pool {cfg.address_pool}")
 
-        for name in holder_names:
-            owned.push_async_callback(remove_container, client, tokens, name, sid)
-        holder_config = client.api.create_host_config(
-            network_mode=net_name,
+    async def _start_holder(
+        self,
+        client: Engine,
+        owned: AsyncExitStack,
+        sid: str,
+        network: str,
+        labels: dict[str, str],
+        names: list[str],
+    ) -> dict[str, Any]:
+        """The holder on `network` (an id: its name may be repeated), started; inspected."""
+        cfg = self.config
+        tokens = cfg.max_workers
+        undo = _withdrawable(owned)
+        for name in names:
+            undo.push_async_callback(remove_container, client, tokens, name, sid)
+        host_config = client.api.create_host_config(
+            network_mode=network,
             cap_drop=["ALL"],
             cap_add=["NET_ADMIN"],
             security_opt=["no-new-privileges"],
@@ -272,48 +355,74 @@ class DockerEnvironment(BaseEnvironment):
                 client.api.create_container,
                 cfg.holder_image,
                 sleep_until(labels[EXPIRES_AT]),
-                name=holder_names[0],
-                labels={**labels, "corral.role": "holder"},
-                host_config=holder_config,
+                name=names[0],
+                labels={**labels, ROLE: "holder"},
+                host_config=host_config,
                 ports=list(cfg.published_ports) or None,
             )
-            await call(tokens, client.api.start, holder_names[0])
+        except APIError as exc:
+            if exc.status_code == 409:  # the name: another open of this id came first
+                undo.pop_all()
+                raise SessionIdTaken(f"session_id {sid!r}: {exc.explanation}") from None
+            raise ProviderError(
+                f"creating the holder from image {cfg.holder_image!r} failed: {exc}"
+            ) from None
+        await _network_unique(client, tokens, network_name(sid))
+        try:
+            await call(tokens, client.api.start, names[0])
         except APIError as exc:
             raise ProviderError(
                 f"starting the holder from image {cfg.holder_image!r} failed: {exc}"
             ) from None
-        holder = await _running(
-            client, tokens, holder_names[0], labels, f"holder from image {cfg.holder_image!r}"
+        return await _running(
+            client, tokens, names[0], labels, f"holder from image {cfg.holder_image!r}"
         )
-        holder_id: str = holder["Id"]
-        net_info = holder["NetworkSettings"]["Networks"].get(net_name, {})
-        dns = await dns_servers(client.api, tokens, holder_id)
-        baseline = await resolve(
-            client.api,
-            tokens,
-            holder_id,
-            plan.network.baseline,
-            dns=dns,
-            extra_hosts=cfg.extra_hosts,
+
+    async def _apply_baseline(
+        self,
+        client: Engine,
+        sid: str,
+        holder: dict[str, Any],
+        policy: NetworkPolicy,
+        dns: tuple[IPAddress, ...],
+    ) -> Resolution:
+        """`policy` in force in the holder's namespace, probed, before any sandbox joins."""
+        tokens = self.config.max_workers
+        resolved = await resolve(
+            client.api, tokens, holder["Id"], policy, dns=dns, extra_hosts=self.config.extra_hosts
         )
         try:
             await apply_policy(
                 client.api,
                 tokens,
-                holder_id,
-                plan.network.baseline,
-                baseline,
-                probe_candidates=[(gateway, DISCARD_PORT)],
+                holder["Id"],
+                policy,
+                resolved,
+                probe_candidates=[(_gateway(holder, sid), DISCARD_PORT)],
             )
         except NetworkPolicyNotEnforced as exc:
             raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
+        return resolved
 
+    async def _start_sandbox(
+        self,
+        client: Engine,
+        owned: AsyncExitStack,
+        sid: str,
+        holder_id: str,
+        image: str,
+        plan: ExecutionPlan,
+        labels: dict[str, str],
+    ) -> dict[str, Any]:
+        """The sandbox container in the holder's namespace, started; inspected."""
+        cfg = self.config
+        tokens = cfg.max_workers
         sandbox = sandbox_name(sid)
         owned.push_async_callback(remove_container, client, tokens, sandbox, sid)
         resources = plan.resources
         cpu = resources.cpu or cfg.default_cpu
         memory = resources.memory_mb or cfg.default_memory_mb
-        sandbox_config = client.api.create_host_config(
+        host_config = client.api.create_host_config(
             network_mode=f"container:{holder_id}",
             cap_drop=["ALL"],
             cap_add=[*cfg.capabilities, *cfg.unsafe_capabilities] or None,
@@ -338,7 +447,7 @@ class DockerEnvironment(BaseEnvironment):
                 plan.command,
                 entrypoint=None if plan.command else sleep_until(labels[EXPIRES_AT]),
                 name=sandbox,
-                labels={**labels, "corral.role": "sandbox"},
+                labels={**labels, ROLE: "sandbox"},
                 environment=plain_env(plan.env),
                 working_dir=plan.workdir,
                 # Execs run as cfg.user (the session's default). The container itself runs
@@ -346,14 +455,14 @@ class DockerEnvironment(BaseEnvironment):
                 # 23.0 give `exec(user="0")` no capabilities in a container created with a
                 # non-root user.
                 user=cfg.user if plan.command else None,
-                host_config=sandbox_config,
+                host_config=host_config,
             )
             await call(tokens, client.api.start, sandbox)
         except APIError as exc:
             raise ProviderError(
                 f"starting the sandbox from image {image!r} failed: {exc}"
             ) from None
-        started = await _running(
+        return await _running(
             client,
             tokens,
             sandbox,
@@ -361,52 +470,96 @@ class DockerEnvironment(BaseEnvironment):
             f"sandbox from image {image!r}",
             "or a plan.command that keeps running",
         )
+
+    def _session(
+        self,
+        client: Engine,
+        holder: dict[str, Any],
+        sandbox: dict[str, Any],
+        *,
+        policy: NetworkPolicy,
+        dns: tuple[IPAddress, ...],
+        labels: dict[str, str],
+        default_timeout: float | None,
+    ) -> DockerSession:
+        """A session over a running holder and sandbox, from what the engine says of them."""
+        cfg = self.config
+        sid = labels[SESSION]
         ports: dict[str, list[dict[str, str]] | None] = holder["NetworkSettings"].get("Ports") or {}
-        published = {
-            int(key.split("/")[0]): int(bindings[0]["HostPort"])
-            for key, bindings in ports.items()
-            if bindings
-        }
         session = DockerSession(
             id=sid,
-            policy=plan.network.baseline,
+            policy=policy,
             client=client,
-            tokens=tokens,
-            holder=holder_id,
-            sandbox=started["Id"],
-            network=net_name,
-            gateway=gateway,
-            holder_address=net_info.get("IPAddress", ""),
+            tokens=cfg.max_workers,
+            holder=holder["Id"],
+            sandbox=sandbox["Id"],
+            network=_network(holder, sid)["NetworkID"],
+            gateway=_gateway(holder, sid),
+            holder_address=_network(holder, sid).get("IPAddress", ""),
             dns=dns,
             extra_hosts=cfg.extra_hosts,
-            published=published,
+            published={
+                int(key.split("/")[0]): int(bindings[0]["HostPort"])
+                for key, bindings in ports.items()
+                if bindings
+            },
             local_engine=client.api.base_url.startswith("http+docker://"),
             user=cfg.user,
             output_limit=cfg.output_limit_bytes,
-            default_timeout=plan.timeouts.operation_s,
+            default_timeout=default_timeout,
             resolver_image=cfg.holder_image,
             labels=labels,
-            workdir=started["Config"].get("WorkingDir") or "/",
-            runtime=started["HostConfig"].get("Runtime") or "runc",
+            workdir=sandbox["Config"].get("WorkingDir") or "/",
+            runtime=sandbox["HostConfig"].get("Runtime") or "runc",
             verified_runtimes=self._verified_runtimes,
             exec_channel=cfg.exec_channel,
+            snapshot_lifetime_s=cfg.snapshot_lifetime_s,
         )
-        session.image = image
-        session.resolution = baseline
-        try:
-            await session.check_runtime(plan.network.baseline)
-        except NetworkPolicyNotEnforced as exc:
-            raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
+        session.image = sandbox["Config"]["Image"]
         return session
 
+    async def _reattach(self, session_id: str) -> tuple[EnvironmentSession, AsyncExitStack] | None:
+        """The live sandbox `session_id` of this owner, with the policy the holder's
+        namespace enforces, read back from the kernel (never from this process's memory)."""
+        client = await self.client()
+        tokens = self.config.max_workers
+        pair = await live_pair(client, tokens, self.config.owner, session_id)
+        if pair is None:
+            return None
+        holder, sandbox = pair
+        record = await policy_in_force(client.api, tokens, holder["Id"])
+        labels = {k: v for k, v in holder["Config"]["Labels"].items() if k != ROLE}
+        session = self._session(
+            client,
+            holder,
+            sandbox,
+            policy=record.policy,
+            dns=record.dns_servers,
+            labels=labels,
+            default_timeout=None,
+        )
+        await session.follow_names()
+        owned = AsyncExitStack()
+        owned.push_async_callback(remove_network, client, tokens, session.network, session_id)
+        owned.push_async_callback(remove_container, client, tokens, holder["Id"], session_id)
+        owned.push_async_callback(remove_container, client, tokens, sandbox["Id"], session_id)
+        return session, owned
+
+    async def _from_snapshot(self, ref: SnapshotRef, plan: ExecutionPlan) -> ExecutionPlan:
+        """The plan, opening from `ref`'s image (its own env, command and policies kept)."""
+        client = await self.client()
+        image_id = await snapshots.find(client, self.config.max_workers, self.config.owner, ref)
+        return plan.model_copy(update={"native": {"image_id": image_id}})
+
     async def gc(self) -> list[str]:
-        """Remove idle pooled sandboxes past their idle age, then expired containers and
-        networks, all carrying this owner's labels."""
+        """Remove idle pooled sandboxes past their idle age, then expired snapshot images,
+        containers and networks, all carrying this owner's labels."""
         client = await self.client()
         tokens = self.config.max_workers
         owner = self.config.owner
         now = time.time()
         removed = await collect_idle(client, tokens, owner, now)
+        removed += await snapshots.collect_expired(client, tokens, owner, now)
         containers: list[dict[str, Any]] = await idempotent(
             tokens, client.api.containers, all=True, filters={"label": f"{OWNER}={owner}"}
         )
@@ -423,6 +576,40 @@ class DockerEnvironment(BaseEnvironment):
                     await idempotent(tokens, client.api.remove_network, item["Id"])
                     removed.append(f"network {item['Name']}")
         return removed
+
+
+def _withdrawable(owned: AsyncExitStack) -> AsyncExitStack:
+    """A stack of undos unwound with `owned`, or withdrawn (`.pop_all()`) once the engine
+    says the create they undo made nothing of ours (the name is another open's)."""
+    stack = AsyncExitStack()
+    owned.push_async_callback(stack.aclose)
+    return stack
+
+
+async def _network_unique(client: Engine, tokens: int, name: str) -> None:
+    """Wait until `name` names one network only.
+
+    Opens of one chosen id in two processes at once may both create its network (see
+    `_creating`). The open whose holder loses the name removes its network; until then the
+    engine, which starts a container's networks by name, would refuse to start the
+    winner's holder (and auto-remove it). A create still under way when this looks can
+    still make that start fail: an error, never a second sandbox.
+    """
+    for _ in range(UNIQUE_TRIES):
+        listed: list[dict[str, Any]] = await idempotent(tokens, client.api.networks, names=[name])
+        if sum(item["Name"] == name for item in listed) <= 1:
+            return
+        await anyio.sleep(0.2)
+    raise ProviderError(f"another network named {name!r} stayed for {UNIQUE_TRIES * 0.2:.0f} s")
+
+
+def _network(holder: dict[str, Any], sid: str) -> dict[str, Any]:
+    """The engine's view of the holder's endpoint on the session's network."""
+    return holder["NetworkSettings"]["Networks"][network_name(sid)]
+
+
+def _gateway(holder: dict[str, Any], sid: str) -> IPAddress:
+    return ipaddress.ip_address(_network(holder, sid)["Gateway"])
 
 
 async def _running(

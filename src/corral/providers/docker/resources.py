@@ -15,9 +15,11 @@ from typing import Any
 from docker.errors import APIError, NotFound
 from docker.types import IPAMConfig, IPAMPool
 
-from corral.core.labels import SESSION
+from corral.core.labels import OWNER, SESSION
 from corral.errors import ProviderError
 from corral.providers.docker.engine import Engine, call, idempotent
+
+ROLE = "corral.role"
 
 #: Subnets handed out by this process and not yet released.
 _reserved: set[ipaddress.IPv4Network] = set()
@@ -38,6 +40,35 @@ def pooled_holder_name(session_id: str) -> str:
 
 def sandbox_name(session_id: str) -> str:
     return f"corral-{session_id}-sandbox"
+
+
+async def live_pair(
+    client: Engine, tokens: int, owner: str, session_id: str
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The inspected holder and sandbox of `owner`'s session `session_id`; None unless both
+    run under their names and exact labels, the sandbox in the holder's namespace."""
+    selector = [f"{OWNER}={owner}", f"{SESSION}={session_id}"]
+    listed: list[dict[str, Any]] = await idempotent(
+        tokens, client.api.containers, filters={"label": selector}
+    )
+    by_name = {item["Names"][0].lstrip("/"): item["Id"] for item in listed}
+    pair: list[dict[str, Any]] = []
+    for role, name in (("holder", holder_name(session_id)), ("sandbox", sandbox_name(session_id))):
+        try:
+            info: dict[str, Any] = await idempotent(
+                tokens, client.api.inspect_container, by_name[name]
+            )
+        except (KeyError, NotFound):
+            return None
+        labels: dict[str, str] = info["Config"].get("Labels") or {}
+        expected = {OWNER: owner, SESSION: session_id, ROLE: role}
+        if any(labels.get(k) != v for k, v in expected.items()) or not info["State"]["Running"]:
+            return None
+        pair.append(info)
+    holder, sandbox = pair
+    if sandbox["HostConfig"].get("NetworkMode") != f"container:{holder['Id']}":
+        return None
+    return holder, sandbox
 
 
 def _owned_by(labels: dict[str, str] | None, session_id: str) -> bool:
@@ -71,28 +102,21 @@ async def discard_container(client: Engine, tokens: int, container_id: str) -> N
             await call(tokens, client.api.wait, container_id, condition="removed")
 
 
-async def remove_network(
-    client: Engine,
-    tokens: int,
-    name: str,
-    session_id: str,
-    subnet: ipaddress.IPv4Network | None = None,
-) -> None:
-    """Remove the session's network; `subnet`, if this process reserved it, is released."""
+async def remove_network(client: Engine, tokens: int, name: str, session_id: str) -> None:
+    """Remove the session's network, by name or (where names may repeat) by id."""
     try:
-        try:
-            info: dict[str, Any] = await idempotent(tokens, client.api.inspect_network, name)
-        except NotFound:
-            return
-        if not _owned_by(info.get("Labels"), session_id):
-            raise ProviderError(f"network {name!r} is not session {session_id}'s; left alone")
-        try:
-            await idempotent(tokens, client.api.remove_network, info["Id"])
-        except NotFound:
-            return
-    finally:
-        if subnet is not None:
-            _reserved.discard(subnet)
+        info: dict[str, Any] = await idempotent(tokens, client.api.inspect_network, name)
+    except NotFound:
+        return
+    if not _owned_by(info.get("Labels"), session_id):
+        raise ProviderError(f"network {name!r} is not session {session_id}'s; left alone")
+    with contextlib.suppress(NotFound):
+        await idempotent(tokens, client.api.remove_network, info["Id"])
+
+
+def release_subnet(subnet: ipaddress.IPv4Network) -> None:
+    """Let this process hand `subnet` out again."""
+    _reserved.discard(subnet)
 
 
 def pick_subnet(pool: str, prefix: int) -> ipaddress.IPv4Network:
@@ -122,7 +146,7 @@ async def create_network(
         pools.append(IPAMPool(subnet=str(subnet6), gateway=str(subnet6[1])))
     ipam = IPAMConfig(pool_configs=pools)
     try:
-        return await call(
+        created: dict[str, Any] = await call(
             tokens,
             client.api.create_network,
             name,
@@ -135,7 +159,10 @@ async def create_network(
     except APIError as exc:
         if "overlap" in str(exc).lower():
             raise SubnetTaken(str(subnet)) from None
+        if exc.status_code == 409:
+            raise NameTaken(name) from None
         raise ProviderError(f"creating network {name!r} failed: {exc}") from None
+    return created
 
 
 def pick_subnet6(pool: str | None) -> ipaddress.IPv6Network | None:
@@ -149,3 +176,8 @@ def pick_subnet6(pool: str | None) -> ipaddress.IPv6Network | None:
 
 class SubnetTaken(Exception):
     """Another engine user holds this subnet; pick another."""
+
+
+class NameTaken(Exception):
+    """An object of this name exists. The engine checks network names only against the
+    networks it has finished creating: two creates at once may both succeed."""

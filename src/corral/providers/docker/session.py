@@ -13,8 +13,10 @@ from typing import Any
 import anyio
 from docker.errors import APIError, NotFound
 
+from corral.core.labels import OWNER
 from corral.core.logs import event
 from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
+from corral.core.snapshot import SnapshotRef
 from corral.core.tarsafe import extract_file, extract_tar, pack_dir, pack_file, validate_dir
 from corral.errors import (
     NetworkPolicyNotEnforced,
@@ -26,6 +28,7 @@ from corral.network.policy import NetworkPolicy
 from corral.network.probe import DISCARD_PORT, forbidden_probe
 from corral.network.resolve import Resolution, needs_dns
 from corral.network.targets import EntryType, IPAddress
+from corral.providers.docker import snapshots
 from corral.providers.docker.channel import ChannelExecutor
 from corral.providers.docker.enforcement import apply_policy, probe_from_sandbox, resolve
 from corral.providers.docker.engine import Engine, call
@@ -61,7 +64,8 @@ class DockerSession(EnvironmentSession):
         workdir: str,
         runtime: str,
         verified_runtimes: set[str],
-        exec_channel: bool = False,
+        exec_channel: bool,
+        snapshot_lifetime_s: float,
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.client = client
@@ -91,6 +95,7 @@ class DockerSession(EnvironmentSession):
             if exec_channel
             else PlainExecutor(client.api, tokens, sandbox)
         )
+        self.snapshot_lifetime_s = snapshot_lifetime_s
 
     async def exec(
         self,
@@ -231,8 +236,26 @@ class DockerSession(EnvironmentSession):
         except NetworkPolicyNotEnforced as exc:
             await self.fail_enforcement(str(exc))
 
+    async def _save(self) -> SnapshotRef:
+        return await snapshots.commit(
+            self.client,
+            self.tokens,
+            self.sandbox,
+            self.labels[OWNER],
+            self.id,
+            self.snapshot_lifetime_s,
+        )
+
+    async def follow_names(self) -> None:
+        """For a session found again: the policy's hostnames resolved now and, if it has
+        any, the policy applied again, so its rules follow today's addresses."""
+        if _has_hostnames(self.policy):
+            await self._apply(self.policy)
+        else:
+            self.resolution = await self._resolve(self.policy)
+
     async def _refresh_names(self) -> float | None:
-        if not any(t.entry_type is EntryType.HOSTNAME for t in self.policy.targets):
+        if not _has_hostnames(self.policy):
             return None
         before = self.resolution
         resolved = await self._resolve(self.policy)
@@ -242,8 +265,7 @@ class DockerSession(EnvironmentSession):
         return resolved.ttl_s
 
     async def _resolve(self, policy: NetworkPolicy) -> Resolution:
-        hostnames = any(t.entry_type is EntryType.HOSTNAME for t in policy.targets)
-        if hostnames and not needs_dns(self.policy):
+        if _has_hostnames(policy) and not needs_dns(self.policy):
             # DNS is closed in this namespace right now; ask the same network's resolver
             # from a fresh twin of corral's image instead.
             async with _resolver(self) as twin:
@@ -285,6 +307,10 @@ class DockerSession(EnvironmentSession):
             self.client.api, self.tokens, self.holder, self.sandbox, probe, self.runtime
         )
         self.verified_runtimes.add(self.runtime)
+
+
+def _has_hostnames(policy: NetworkPolicy) -> bool:
+    return any(t.entry_type is EntryType.HOSTNAME for t in policy.targets)
 
 
 @asynccontextmanager

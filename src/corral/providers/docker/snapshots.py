@@ -1,0 +1,155 @@
+"""Snapshots: a sandbox's files saved as a local image that forks start from.
+
+The image keeps the sandbox's files and nothing else of the session. `docker commit` of the
+sandbox container would keep too much: the image records the committing container's whole
+config (`ContainerConfig`: the plan's env values, secrets included), and merges its env,
+entrypoint and command into the new image's. So the sandbox's filesystem is exported
+(paused, for a consistent copy) and imported as a flat image, and a container made from
+that, which never ran and carries nothing of the plan, is committed with the source image's
+own settings and corral's labels. A fork then runs only what its own plan says. The price:
+a snapshot shares no layers with its source image.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+from docker.errors import APIError, ImageNotFound
+
+from corral.core.labels import EXPIRES_AT, OWNER, SESSION, is_expired, new_session_id
+from corral.core.snapshot import SnapshotRef
+from corral.errors import ConfigError, ProviderError
+from corral.providers.docker.engine import Engine, call, idempotent
+from corral.providers.docker.resources import ROLE, discard_container
+
+SNAPSHOT = "corral.snapshot"
+REPOSITORY = "corral.local/snapshot"
+
+
+def image_config(source: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    """The snapshot image's config: the `source` image's own settings, and `labels`."""
+    return {
+        "Env": source.get("Env") or [],
+        "Entrypoint": source.get("Entrypoint") or [],
+        "Cmd": source.get("Cmd") or [],
+        "WorkingDir": source.get("WorkingDir") or "",
+        "User": source.get("User") or "",
+        "Labels": labels,
+    }
+
+
+async def commit(
+    client: Engine, tokens: int, sandbox: str, owner: str, source_session: str, lifetime_s: float
+) -> SnapshotRef:
+    """Save the `sandbox` container's files as an image labelled as `owner`'s snapshot."""
+    snapshot_id = new_session_id()
+    created = time.time()
+    expires = int(created + lifetime_s)
+    labels = {
+        OWNER: owner,
+        SESSION: source_session,
+        EXPIRES_AT: str(expires),
+        SNAPSHOT: snapshot_id,
+        ROLE: "snapshot",
+    }
+    api = client.api
+    try:
+        container: dict[str, Any] = await idempotent(tokens, api.inspect_container, sandbox)
+        source: dict[str, Any] = await idempotent(tokens, api.inspect_image, container["Image"])
+        flat = await call(tokens, _flatten, api, sandbox)
+        try:
+            await _commit_blank(client, tokens, flat, image_config(source["Config"] or {}, labels))
+        except BaseException:
+            # Once committed it is the snapshot's parent, removed with it; until then, ours.
+            with anyio.CancelScope(shield=True):
+                await _remove_image(client, tokens, flat)
+            raise
+    except APIError as exc:
+        raise ProviderError(f"saving sandbox {source_session} failed: {exc.explanation}") from None
+    return SnapshotRef(
+        provider="docker",
+        id=snapshot_id,
+        created_at=datetime.fromtimestamp(created, UTC),
+        source_session=source_session,
+        expires_at=datetime.fromtimestamp(expires, UTC),
+    )
+
+
+async def _commit_blank(client: Engine, tokens: int, flat: str, config: dict[str, Any]) -> None:
+    """Commit a container of `flat` that never runs, so the image records only `config`."""
+    api = client.api
+    labels: dict[str, str] = config["Labels"]
+    blank = await call(tokens, api.create_container, flat, ["sh"], labels=labels)
+    try:
+        await call(
+            tokens,
+            api.commit,
+            blank["Id"],
+            repository=REPOSITORY,
+            tag=labels[SNAPSHOT],
+            conf=config,
+        )
+    finally:
+        with anyio.CancelScope(shield=True):
+            await discard_container(client, tokens, blank["Id"])
+
+
+def _flatten(api: Engine, sandbox: str) -> str:
+    """The sandbox's filesystem, paused while it is read, as a new image (its id)."""
+    api.pause(sandbox)
+    try:
+        answer: str = api.import_image_from_stream(api.export(sandbox))
+    finally:
+        api.unpause(sandbox)
+    return str(json.loads(answer.strip().splitlines()[-1])["status"])
+
+
+async def _remove_image(client: Engine, tokens: int, image: str) -> None:
+    with contextlib.suppress(ImageNotFound):
+        await idempotent(tokens, client.api.remove_image, image)
+
+
+async def find(client: Engine, tokens: int, owner: str, ref: SnapshotRef) -> str:
+    """The id of `owner`'s live image of snapshot `ref`; ConfigError naming it otherwise."""
+    images: list[dict[str, Any]] = await idempotent(
+        tokens, client.api.images, filters={"label": [f"{OWNER}={owner}", f"{SNAPSHOT}={ref.id}"]}
+    )
+    for image in images:
+        labels: dict[str, str] = image.get("Labels") or {}
+        if labels.get(SNAPSHOT) != ref.id or labels.get(SESSION) != ref.source_session:
+            continue
+        if is_expired(labels, owner):
+            raise ConfigError(f"snapshot {ref.id!r} expired at {ref.expires_at.isoformat()}")
+        return str(image["Id"])
+    raise ConfigError(
+        f"snapshot {ref.id!r} of session {ref.source_session!r} is not on this engine for "
+        f"owner {owner!r}"
+    )
+
+
+async def collect_expired(client: Engine, tokens: int, owner: str, now: float) -> list[str]:
+    """Remove `owner`'s snapshot images past their expiry (for `corral gc`); one a fork's
+    container still uses stays until a later run."""
+    images: list[dict[str, Any]] = await idempotent(
+        tokens, client.api.images, filters={"label": [f"{OWNER}={owner}", SNAPSHOT]}
+    )
+    removed: list[str] = []
+    for image in images:
+        labels: dict[str, str] = image.get("Labels") or {}
+        if not labels.get(SNAPSHOT) or not is_expired(labels, owner, now):
+            continue
+        try:
+            await idempotent(tokens, client.api.remove_image, image["Id"])
+        except ImageNotFound:
+            continue
+        except APIError as exc:
+            if exc.status_code != 409:  # in use by a container
+                raise
+            continue
+        removed.append(f"snapshot {labels[SNAPSHOT]}")
+    return removed
