@@ -211,6 +211,10 @@ func main() {
 		case 'K':
 			if j := lookup(id); j != nil {
 				go j.kill()
+			} else {
+				// Never started (its run was cancelled before it was sent) or already
+				// reported: nothing to kill, and corral need not wait to hear so.
+				refuse(id, fmt.Errorf("no such command"))
 			}
 		}
 	}

@@ -96,11 +96,15 @@ async def test_names_where_the_cancellation_was_requested_and_what_existed(
 async def test_busy_threads_are_found_and_idle_workers_are_not() -> None:
     before = set(threading.enumerate())
     release = threading.Event()
-    worker = threading.Thread(target=release.wait, name="corral-left-behind")
+    worker = threading.Thread(target=release.wait, name="corral-left-behind-abc123")
     worker.start()
     await anyio.to_thread.run_sync(lambda: None)
     try:
-        assert await busy_threads(before, timeout=0.2) == ["corral-left-behind"]
+        assert await busy_threads(before, timeout=0.2) == ["corral-left-behind-abc123"]
+        # A live session's own thread is not a leak until that session is closed.
+        live = frozenset({"abc123"})
+        assert await busy_threads(before, timeout=0.2, live_sessions=live) == []
+        assert await busy_threads(before, timeout=0.2, live_sessions=frozenset({"c123"})) != []
     finally:
         release.set()
         worker.join()

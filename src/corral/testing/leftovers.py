@@ -36,14 +36,24 @@ def _idle_worker(thread: threading.Thread) -> bool:
     return thread in idle
 
 
-async def busy_threads(before: set[threading.Thread], timeout: float = SETTLE_S) -> list[str]:
+async def busy_threads(
+    before: set[threading.Thread],
+    timeout: float = SETTLE_S,
+    *,
+    live_sessions: frozenset[str] = frozenset(),
+) -> list[str]:
     """Threads started since `before` that are alive and not idle pool workers, once they
-    were given `timeout` seconds to finish."""
+    were given `timeout` seconds to finish. A thread a session keeps for its whole life
+    (the Docker exec channel's reader) ends its name with the session's id; it is not
+    counted while that session is in `live_sessions`, and must be gone once it closes."""
     return await settled(
         lambda: [
             t.name
             for t in threading.enumerate()
-            if t not in before and t.is_alive() and not _idle_worker(t)
+            if t not in before
+            and t.is_alive()
+            and not _idle_worker(t)
+            and not any(t.name.endswith(f"-{sid}") for sid in live_sessions)
         ],
         timeout,
     )

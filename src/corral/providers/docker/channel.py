@@ -68,6 +68,8 @@ STDIN_CHUNK = 64 * 1024
 HELLO_TIMEOUT_S = 10.0
 #: how long a kill waits for the helper to report the command gone
 KILL_WAIT_S = 2.0
+#: seconds `aclose` waits for the reader thread once the stream is shut
+CLOSE_WAIT_S = 5.0
 _HEADER = struct.Struct(">IBI")
 _STREAM = {ord("o"): "stdout", ord("e"): "stderr"}
 
@@ -136,7 +138,7 @@ class Refused:
 class Channel:
     """One running helper and the stream to it. Made by `open_channel`."""
 
-    def __init__(self, raw: Any, token: EventLoopToken, tokens: int) -> None:
+    def __init__(self, raw: Any, token: EventLoopToken, tokens: int, sandbox_id: str) -> None:
         self.raw = raw
         self.sock: socket.socket = getattr(raw, "_sock", raw)
         response = getattr(raw, "_response", None)
@@ -151,12 +153,16 @@ class Channel:
         self._write_lock = threading.Lock()
         self._parser = FrameParser()
         self._thread: threading.Thread | None = None
+        self.sandbox_id = sandbox_id
 
     # -- the reader thread: blocking reads, delivered to the loop in batches --------------
 
     def start_reader(self) -> None:
         self._thread = threading.Thread(
-            target=self._read_loop, name="corral-exec-channel", daemon=True
+            # Named for its session, which it lives as long as (see testing.leftovers).
+            target=self._read_loop,
+            name=f"corral-exec-channel-{self.sandbox_id}",
+            daemon=True,
         )
         self._thread.start()
 
@@ -211,6 +217,13 @@ class Channel:
             self.dead = "closed"
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
+
+    async def join(self, timeout_s: float) -> None:
+        """Wait (off the loop, which the reader may still need once) for the reader thread
+        to leave after `close`."""
+        thread = self._thread
+        if thread is not None:
+            await anyio.to_thread.run_sync(thread.join, timeout_s)
 
     # -- the event loop side ---------------------------------------------------------------
 
@@ -387,6 +400,12 @@ class ChannelExecutor:
             self.channel.close()
             self.channel = None
 
+    async def aclose(self) -> None:
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            channel.close()
+            await channel.join(CLOSE_WAIT_S)
+
     async def run(self, request: ExecRequest) -> ExecResult:
         channel = await self._channel()
         if channel is None:
@@ -466,7 +485,7 @@ class ChannelExecutor:
             raw: Any = await call(self.tokens, self.api.exec_start, created["Id"], socket=True)
         except (APIError, ProviderError) as exc:
             raise ChannelUnavailable(f"starting the helper failed: {exc}") from None
-        channel = Channel(raw, token, self.tokens)
+        channel = Channel(raw, token, self.tokens, self.sandbox_id)
         channel.start_reader()
         try:
             await channel.await_hello()
@@ -474,13 +493,11 @@ class ChannelExecutor:
                 raise ChannelUnavailable("the helper lacks CAP_SETUID/CAP_SETGID")
         except BaseException as exc:
             channel.close()
-            # Best effort: a helper that never ran never removed its copy.
-            with (
-                anyio.CancelScope(shield=True),
-                anyio.move_on_after(10),
-                contextlib.suppress(ProviderError),
-            ):
-                await self.plain.run(ExecRequest(["rm", "-f", path], user="0", timeout=5))
+            # Best effort: a helper that never ran never removed its copy. Not after a
+            # cancellation, which must return at once (the copy goes with the sandbox).
+            if isinstance(exc, Exception):
+                with anyio.move_on_after(10), contextlib.suppress(ProviderError):
+                    await self.plain.run(ExecRequest(["rm", "-f", path], user="0", timeout=5))
             if isinstance(exc, ChannelUnavailable) and channel.dead not in (None, "closed"):
                 raise ChannelUnavailable(f"{exc}: {channel.dead}") from None
             raise

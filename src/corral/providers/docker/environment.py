@@ -284,6 +284,8 @@ class DockerEnvironment(BaseEnvironment):
             labels=labels,
             default_timeout=plan.timeouts.operation_s,
         )
+        # Unwound first: the exec channel's stream and reader thread end with the session.
+        owned.push_async_callback(session.executor.aclose)
         session.resolution = baseline
         try:
             await session.check_runtime(plan.network.baseline)
@@ -543,6 +545,7 @@ class DockerEnvironment(BaseEnvironment):
         owned.push_async_callback(remove_network, client, tokens, session.network, session_id)
         owned.push_async_callback(remove_container, client, tokens, holder["Id"], session_id)
         owned.push_async_callback(remove_container, client, tokens, sandbox["Id"], session_id)
+        owned.push_async_callback(session.executor.aclose)
         return session, owned
 
     async def _from_snapshot(self, ref: SnapshotRef, plan: ExecutionPlan) -> ExecutionPlan:

@@ -40,6 +40,11 @@ class Executor(Protocol):
         this executor keeps there. Never blocks."""
         ...
 
+    async def aclose(self) -> None:
+        """The session is closing: stop what this executor runs on the harness's side
+        (threads, streams), bounded."""
+        ...
+
 
 class PlainExecutor:
     """One engine exec per command."""
@@ -65,4 +70,7 @@ class PlainExecutor:
         )
 
     def reset(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
         pass

@@ -53,6 +53,7 @@ async def run_campaign(subject: Subject, operation: str) -> Report:
     """Cancel `operation` at N = 1, 2, ... until it completes (or `subject.max_n`)."""
     report = Report(subject.provider, operation)
     case = CASES[operation](subject)
+    threads = set(threading.enumerate())
     await case.setup()
     try:
         for n in itertools.count(1):
@@ -66,6 +67,9 @@ async def run_campaign(subject: Subject, operation: str) -> Report:
     finally:
         with anyio.CancelScope(shield=True):
             await case.teardown()
+    busy = await busy_threads(threads)
+    if busy:
+        report.problems.append(Problem(0, "threads", f"after the campaign: {', '.join(busy)}"))
     left = await anyio.to_thread.run_sync(subject.owned)
     if left:
         report.problems.append(Problem(0, "provider objects", f"after the campaign: {left}"))
@@ -87,7 +91,9 @@ async def _checked(subject: Subject, case: Case, n: int, report: Report) -> Atte
     new_owned = await anyio.to_thread.run_sync(subject.owned) - owned
     if new_owned:
         problems.append(Problem(n, "provider objects", ", ".join(sorted(new_owned))))
-    busy = await busy_threads(threads)
+    session = case.session
+    live = frozenset({session.id} if session is not None and not session.closed else ())
+    busy = await busy_threads(threads, live_sessions=live)
     if busy:
         problems.append(Problem(n, "threads", ", ".join(busy)))
     new_files = temp_entries(*directories) - files
