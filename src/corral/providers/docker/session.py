@@ -38,6 +38,12 @@ from corral.providers.docker.resources import remove_container
 
 log = logging.getLogger("corral.docker")
 
+#: Seconds the sandbox's init gets to end on SIGTERM in `end_workload` (corral's own main
+#: process does at once). Not 0: the engine's forced stop can deliver its SIGKILL after the
+#: restart has started the new init, which then dies and the container is lost (seen on
+#: Engine 20.10 as "container is marked for removal" at the next restart).
+RESTART_GRACE_S = 1
+
 
 class DockerSession(EnvironmentSession):
     def __init__(
@@ -208,7 +214,7 @@ class DockerSession(EnvironmentSession):
         try:
             before = await self._host_pids()
             old: dict[str, Any] = await call(self.tokens, api.inspect_container, self.sandbox)
-            await call(self.tokens, api.restart, self.sandbox, timeout=0)
+            await call(self.tokens, api.restart, self.sandbox, timeout=RESTART_GRACE_S)
             new: dict[str, Any] = await call(self.tokens, api.inspect_container, self.sandbox)
             after = await self._host_pids()
         except APIError as exc:
