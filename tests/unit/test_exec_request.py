@@ -154,3 +154,68 @@ async def test_a_failed_exec_is_logged_once_and_raised(caplog: pytest.LogCapture
     records = [r for r in caplog.records if r.name == "corral.session"]
     assert len(records) == 1
     assert records[0].__dict__["corral"]["error"] == "RuntimeError"
+
+
+def _bare(cls: type[EnvironmentSession], **attrs: Any) -> Any:
+    """A provider session without its engine: only what `exec` and `_exec` read."""
+    made = object.__new__(cls)
+    EnvironmentSession.__init__(made, id="s", policy=NetworkPolicy.public())
+    for name, value in attrs.items():
+        setattr(made, name, value)
+    return made
+
+
+async def test_docker_resolves_cwd_and_user_then_hands_over_the_core_request() -> None:
+    pytest.importorskip("docker")
+    from corral.providers.docker.session import DockerSession
+
+    seen: list[ExecRequest] = []
+
+    class Recorder:
+        async def run(self, request: ExecRequest) -> ExecResult:
+            seen.append(request)
+            return ExecResult(returncode=0, stdout="", stderr="", duration_s=0.0)
+
+    sandbox = _bare(
+        DockerSession, executor=Recorder(), workdir="/work", user="agent", default_timeout=9.0
+    )
+    await sandbox.exec("pwd", cwd="sub/../x")
+    await sandbox.exec(["id"], cwd="/abs", user="0", timeout=2)
+    await sandbox.exec(["id"])
+    assert seen == [
+        ExecRequest(("sh", "-c", "pwd"), cwd="/work/x", user="agent", timeout=9.0),
+        ExecRequest(("id",), cwd="/abs", user="0", timeout=2.0),
+        ExecRequest(("id",), user="agent", timeout=9.0),
+    ]
+
+
+async def test_kubernetes_refuses_a_user_and_makes_cwd_absolute(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("kubernetes")
+    from corral.errors import ExecUserUnsupported
+    from corral.providers.k8s import session as k8s
+
+    calls: list[dict[str, Any]] = []
+
+    async def run_exec(target: object, args: list[str], **kwargs: Any) -> ExecResult:
+        calls.append({"target": target, "args": args, **kwargs})
+        return ExecResult(returncode=0, stdout="", stderr="", duration_s=0.0)
+
+    monkeypatch.setattr(k8s, "run_exec", run_exec)
+    sandbox = _bare(k8s.KubernetesSession, target="pod", workdir="/w", output_limit=77)
+    with pytest.raises(ExecUserUnsupported, match="'root'"):
+        await sandbox.exec(["id"], user="root")
+    await sandbox.exec(["ls"], cwd="d", env={"A": "1"}, stdin="x")
+    assert calls == [
+        {
+            "target": "pod",
+            "args": ["ls"],
+            "cwd": "/w/d",
+            "env": {"A": "1"},
+            "stdin": b"x",
+            "timeout": None,
+            "on_output": None,
+            "output_limit": 77,
+        }
+    ]
