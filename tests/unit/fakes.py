@@ -11,7 +11,7 @@ import anyio
 
 from corral.core.environment import BaseEnvironment
 from corral.core.plan import ExecutionPlan
-from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback
+from corral.core.session import EnvironmentSession, ExecRequest, ExecResult
 from corral.errors import SessionIdTaken, WorkloadNotStopped
 from corral.network.policy import NetworkMode, NetworkPolicy
 from corral.network.targets import EntryType
@@ -23,18 +23,11 @@ class FakeSession(EnvironmentSession):
     def __init__(self, env: FakeEnvironment, policy: NetworkPolicy, id: str | None = None) -> None:
         super().__init__(id=id or f"fake{next(_ids):08d}", policy=policy)
         self.fake = env
+        # Every request `_exec` received, in call order.
+        self.requests: list[ExecRequest] = []
 
-    async def exec(
-        self,
-        command: Command,
-        *,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        user: str | None = None,
-        timeout: float | None = None,
-        stdin: str | bytes | None = None,
-        on_output: OutputCallback | None = None,
-    ) -> ExecResult:
+    async def _exec(self, request: ExecRequest) -> ExecResult:
+        self.requests.append(request)
         return ExecResult(returncode=0, stdout="", stderr="", duration_s=0.0)
 
     async def upload(self, local: str | Path, remote: str) -> None:

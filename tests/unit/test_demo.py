@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.core.session import Command, ExecResult
+from corral.core.session import ExecRequest, ExecResult
 from corral.demo import _connects  # pyright: ignore[reportPrivateUsage]
 from corral.network.policy import NetworkPolicy
 from tests.unit.fakes import FakeEnvironment, FakeSession
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.anyio
 
 
 class NoDialer(FakeSession):
-    async def exec(self, command: Command, **_: object) -> ExecResult:  # type: ignore[override]
+    async def _exec(self, request: ExecRequest) -> ExecResult:
         return ExecResult(returncode=127, stdout="", stderr="nc: not found", duration_s=0.0)
 
 

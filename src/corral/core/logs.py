@@ -9,7 +9,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 def event(logger: logging.Logger, level: str, message: str, **fields: Any) -> None:

@@ -6,6 +6,8 @@ Contract (every provider, checked by `corral.testing`):
   result, not an exception. A timeout kills the command's whole process tree inside the
   sandbox and returns `timed_out=True`, `returncode=124`. Transport failure raises
   `ProviderError`. Output is bounded (head and tail kept) and decoded with replacement.
+  `exec` is final: it checks and normalizes its arguments once into an `ExecRequest`,
+  logs once, and hands the request to the provider's `_exec(request)`.
 - `upload_dir`/`download_dir`: the tree lands exactly at the requested root; members that
   would land outside it (links, absolute or `..` paths) are refused.
 - `read_text` on a missing path raises `RemotePathNotFound` naming it.
@@ -18,11 +20,13 @@ from __future__ import annotations
 import abc
 import inspect
 import logging
+import math
 import tempfile
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 from pydantic import BaseModel, ConfigDict
@@ -31,6 +35,7 @@ from corral.core.logs import event
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
 from corral.core.snapshot import SnapshotRef
 from corral.errors import (
+    ConfigError,
     FeatureUnsupported,
     NetworkPolicyNotEnforced,
     NetworkPolicyUnsupported,
@@ -74,7 +79,98 @@ def argv(command: Command) -> list[str]:
     args = list(command)
     if not args or not all(isinstance(a, str) for a in args):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise ValueError(f"command {command!r} must be a string or a non-empty list of strings")
+    if any("\0" in arg for arg in args):
+        raise ValueError(f"command {command!r} must not contain a NUL byte")
     return args
+
+
+@dataclass(frozen=True)
+class ExecRequest:
+    """One command as a provider's `_exec` receives it: built by `EnvironmentSession.exec`,
+    every argument checked and normalized, the defaults the session owns resolved. What is
+    left to the provider is what only it knows: where a relative `cwd` lands, which user
+    None means, and how the command reaches the sandbox."""
+
+    args: tuple[str, ...]
+    #: as the caller gave it (relative to the session's working directory, or absolute);
+    #: None: the session's working directory
+    cwd: str | None = None
+    #: added to the session's environment for this command only
+    env: Mapping[str, str] = field(default_factory=dict[str, str])
+    #: None: the session's user
+    user: str | None = None
+    #: seconds, the session's default already applied; None: no limit
+    timeout: float | None = None
+    #: None: the command reads end of input at once
+    stdin: bytes | None = None
+    on_output: OutputCallback | None = None
+    #: bytes of each stream kept (head and tail)
+    output_limit: int = DEFAULT_OUTPUT_LIMIT
+
+
+def _cwd(cwd: object) -> str | None:
+    if cwd is None or cwd == "":
+        return None  # as no cwd: the session's working directory
+    if not isinstance(cwd, str) or "\0" in cwd:
+        raise ConfigError(f"exec cwd {cwd!r} must be a path without NUL bytes")
+    return cwd
+
+
+def _env(env: object) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise ConfigError(
+            f"exec env must be a mapping of names to strings, not {type(env).__name__}"
+        )
+    checked: dict[str, str] = {}
+    for name, value in env.items():  # pyright: ignore[reportUnknownVariableType]
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise ConfigError(f"environment variable name {name!r} is not valid")
+        if not isinstance(value, str) or "\0" in value:
+            # The value itself is never shown: it may be a secret.
+            raise ConfigError(
+                f"environment variable {name!r} must have a string value without NUL bytes "
+                f"(got a {type(value).__name__})"  # pyright: ignore[reportUnknownArgumentType]
+            )
+        checked[name] = value
+    return checked
+
+
+def _user(user: object) -> str | None:
+    if user is not None and (not isinstance(user, str) or "\0" in user):
+        raise ConfigError(f"exec user {user!r} must be a user name or id as a string")
+    return user
+
+
+def _timeout(timeout: object) -> float:
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise ConfigError(
+            f"exec timeout {timeout!r} must be a positive number of seconds "
+            "(or None for the session's default)"
+        )
+    return float(timeout)
+
+
+def _stdin(stdin: object) -> bytes | None:
+    if stdin is None:
+        return None
+    if isinstance(stdin, str):
+        return stdin.encode()
+    if isinstance(stdin, bytes | bytearray):
+        return bytes(stdin)
+    raise ConfigError(f"exec stdin must be str or bytes, not {type(stdin).__name__}")
+
+
+def _callback(on_output: Any) -> OutputCallback | None:
+    if on_output is not None and not callable(on_output):
+        raise ConfigError(f"exec on_output {on_output!r} must be callable (stream, text)")
+    return on_output
 
 
 async def emit(callback: OutputCallback | None, stream: Stream, text: str) -> None:
@@ -89,6 +185,16 @@ class EnvironmentSession(abc.ABC):
     """A live sandbox owned by one `BaseEnvironment.open()` call until `close()`."""
 
     output_limit: int = DEFAULT_OUTPUT_LIMIT
+    #: seconds an exec may run when its call gives no timeout; None: no limit
+    default_timeout: float | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "exec" in cls.__dict__:
+            raise TypeError(
+                f"{cls.__name__} overrides exec(), which is final on EnvironmentSession; "
+                "implement _exec(request) instead"
+            )
 
     def __init__(self, *, id: str, policy: NetworkPolicy) -> None:
         self.id = id
@@ -105,18 +211,68 @@ class EnvironmentSession(abc.ABC):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} id={self.id!r} policy={str(self.policy)!r}>"
 
-    @abc.abstractmethod
     async def exec(
         self,
         command: Command,
         *,
         cwd: str | None = None,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
         user: str | None = None,
         timeout: float | None = None,
         stdin: str | bytes | None = None,
         on_output: OutputCallback | None = None,
-    ) -> ExecResult: ...
+    ) -> ExecResult:
+        """Run `command` in the sandbox (the contract is in this module's docstring).
+
+        `cwd` is relative to the session's working directory (or absolute); `env` is added
+        to the session's environment; `user` None is the session's user; `timeout` None is
+        the session's `default_timeout`; `on_output(stream, text)` (sync or async) gets the
+        output while the command runs. Final: providers implement `_exec(request)`.
+        """
+        # Every check and default, once for every provider; a bad value raises a
+        # `ValueError` (a `ConfigError` but for the command) naming it, never an env value.
+        request = ExecRequest(
+            tuple(argv(command)),
+            cwd=_cwd(cwd),
+            env=_env(env),
+            user=_user(user),
+            timeout=self.default_timeout if timeout is None else _timeout(timeout),
+            stdin=_stdin(stdin),
+            on_output=_callback(on_output),
+            output_limit=self.output_limit,
+        )
+        try:
+            result = await self._exec(request)
+        except Exception as exc:
+            self._log_exec(request, error=type(exc).__name__)
+            raise
+        self._log_exec(
+            request,
+            returncode=result.returncode,
+            timed_out=result.timed_out,
+            duration_s=round(result.duration_s, 4),
+        )
+        return result
+
+    def _log_exec(self, request: ExecRequest, **outcome: object) -> None:
+        # Names of the env only: its values, like the command's arguments, may be secrets.
+        event(
+            log,
+            "debug",
+            "exec",
+            sandbox=self.id,
+            program=request.args[0],
+            cwd=request.cwd,
+            user=request.user,
+            env=",".join(sorted(request.env)),
+            timeout_s=request.timeout,
+            **outcome,
+        )
+
+    @abc.abstractmethod
+    async def _exec(self, request: ExecRequest) -> ExecResult:
+        """Provider hook: run `request` under the contract of `exec`, whose arguments it
+        holds already checked and normalized."""
 
     @abc.abstractmethod
     async def upload(self, local: str | Path, remote: str) -> None: ...

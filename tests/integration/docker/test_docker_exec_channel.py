@@ -14,9 +14,9 @@ import anyio
 import pytest
 
 from corral import ExecutionPlan
+from corral.core.session import ExecRequest
 from corral.errors import ProviderError
 from corral.providers.docker.channel import ChannelExecutor
-from corral.providers.docker.executor import ExecRequest
 from corral.providers.docker.session import DockerSession
 from corral.testing.engine_faults import EngineFaultProxy
 from tests.integration.docker.conftest import TEST_IMAGE, make_env
@@ -40,7 +40,7 @@ async def _survivors(session: Any, pattern: str) -> str:
     # Through the plain path: nothing the channel did is trusted to show itself gone.
     executor = _channel(session)
     result = await executor.plain.run(
-        ExecRequest(["sh", "-c", f"ps -eo args | grep '[{pattern[0]}]{pattern[1:]}' || true"])
+        ExecRequest(("sh", "-c", f"ps -eo args | grep '[{pattern[0]}]{pattern[1:]}' || true"))
     )
     return result.stdout.strip()
 
@@ -189,12 +189,12 @@ PROBE = (
 async def test_users_env_and_cwd_match_plain_exec(owner: str, user: str | None) -> None:
     async with make_env(owner).session(PLAN) as session:
         executor = _channel(session)
-        request = ExecRequest(["sh", "-c", PROBE], env={"CORRAL_X": "1"}, user=user)
+        request = ExecRequest(("sh", "-c", PROBE), env={"CORRAL_X": "1"}, user=user)
         through = await session.exec(PROBE, env={"CORRAL_X": "1"}, user=user)
         plain = await executor.plain.run(request)
         in_tmp = await session.exec(PROBE, user=user, cwd="/tmp")
         plain_tmp = await executor.plain.run(
-            ExecRequest(["sh", "-c", PROBE], user=user, workdir="/tmp")
+            ExecRequest(("sh", "-c", PROBE), user=user, cwd="/tmp")
         )
         assert executor.channel is not None and executor.starts == 1
     assert through.returncode == plain.returncode == 0, (through, plain)
@@ -260,7 +260,7 @@ async def test_a_channel_broken_mid_call_raises_and_the_next_call_restarts(owner
             # The workload (root) kills the helper; the plain path does it here.
             began = time.monotonic()
             await executor.plain.run(
-                ExecRequest(["sh", "-c", "pkill -9 -f '^/[.]corral-exec-'"], user="0")
+                ExecRequest(("sh", "-c", "pkill -9 -f '^/[.]corral-exec-'"), user="0")
             )
             with anyio.fail_after(10):
                 await raised.wait()

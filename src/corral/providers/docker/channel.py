@@ -52,12 +52,12 @@ from corral.core.blocking import run_blocking
 from corral.core.capture import Capture
 from corral.core.logs import event
 from corral.core.markers import MARKER, new_marker
-from corral.core.session import TIMEOUT_RETURNCODE, ExecResult
+from corral.core.session import TIMEOUT_RETURNCODE, ExecRequest, ExecResult
 from corral.errors import ProviderError
 from corral.helper import helper_binary
 from corral.providers.docker.engine import Engine, call
 from corral.providers.docker.execution import kill_tree
-from corral.providers.docker.executor import ExecRequest, PlainExecutor
+from corral.providers.docker.executor import PlainExecutor
 
 log = logging.getLogger("corral.docker.channel")
 
@@ -413,7 +413,7 @@ class ChannelExecutor:
         outcome = await channel.run(
             request,
             user=request.user or self._default_user,
-            cwd=request.workdir or self._default_cwd,
+            cwd=request.cwd or self._default_cwd,
             kill_fallback=self._kill_fallback,
         )
         if isinstance(outcome, Refused):
@@ -497,7 +497,7 @@ class ChannelExecutor:
             # cancellation, which must return at once (the copy goes with the sandbox).
             if isinstance(exc, Exception):
                 with anyio.move_on_after(10), contextlib.suppress(ProviderError):
-                    await self.plain.run(ExecRequest(["rm", "-f", path], user="0", timeout=5))
+                    await self.plain.run(ExecRequest(("rm", "-f", path), user="0", timeout=5))
             if isinstance(exc, ChannelUnavailable) and channel.dead not in (None, "closed"):
                 raise ChannelUnavailable(f"{exc}: {channel.dead}") from None
             raise

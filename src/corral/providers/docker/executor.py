@@ -2,37 +2,25 @@
 
 `PlainExecutor` is one engine exec per command (`execution.run_exec`). `ChannelExecutor`
 (`channel.py`) keeps one helper process per sandbox and falls back to the plain path
-whenever the helper cannot serve a call exactly as the engine would.
+whenever the helper cannot serve a call exactly as the engine would. Both take the
+session's `ExecRequest` (`corral.core.session`), checked and normalized once by
+`EnvironmentSession.exec`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from corral.core.output import DEFAULT_OUTPUT_LIMIT
-from corral.core.session import ExecResult, OutputCallback
+from corral.core.session import ExecRequest, ExecResult
 from corral.providers.docker.engine import Engine
 from corral.providers.docker.execution import run_exec
 
 
-@dataclass(frozen=True)
-class ExecRequest:
-    """One command, its arguments already normalized by the session."""
-
-    args: list[str]
-    env: dict[str, str] = field(default_factory=dict[str, str])
-    workdir: str | None = None  # None: the container's working directory
-    user: str | None = None  # None: the container's user
-    stdin: bytes | None = None
-    timeout: float | None = None
-    on_output: OutputCallback | None = None
-    output_limit: int = DEFAULT_OUTPUT_LIMIT  # bytes of each stream kept
-
-
 class Executor(Protocol):
     async def run(self, request: ExecRequest) -> ExecResult:
-        """Run `request` under the session contract (`EnvironmentSession.exec`)."""
+        """Run `request` under the session contract (`EnvironmentSession.exec`); its `cwd`
+        is absolute or None (the container's working directory), its `user` a name, an id
+        or None (the container's user)."""
         ...
 
     def reset(self) -> None:
@@ -59,9 +47,9 @@ class PlainExecutor:
             self.api,
             self.tokens,
             self.container,
-            request.args,
+            list(request.args),
             env=request.env,
-            workdir=request.workdir,
+            workdir=request.cwd,
             user=request.user,
             stdin=request.stdin,
             timeout=request.timeout,

@@ -7,6 +7,7 @@ import posixpath
 import secrets
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from docker.errors import APIError, NotFound
 
 from corral.core.labels import OWNER
 from corral.core.logs import event
-from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
+from corral.core.session import EnvironmentSession, ExecRequest, ExecResult
 from corral.core.snapshot import SnapshotRef
 from corral.core.tarsafe import extract_file, extract_tar, pack_dir, pack_file, validate_dir
 from corral.errors import (
@@ -32,7 +33,7 @@ from corral.providers.docker import snapshots
 from corral.providers.docker.channel import ChannelExecutor
 from corral.providers.docker.enforcement import apply_policy, probe_from_sandbox, resolve
 from corral.providers.docker.engine import Engine, call
-from corral.providers.docker.executor import ExecRequest, Executor, PlainExecutor
+from corral.providers.docker.executor import Executor, PlainExecutor
 from corral.providers.docker.landing import SandboxFiles
 from corral.providers.docker.resources import remove_container
 
@@ -103,27 +104,14 @@ class DockerSession(EnvironmentSession):
         )
         self.snapshot_lifetime_s = snapshot_lifetime_s
 
-    async def exec(
-        self,
-        command: Command,
-        *,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        user: str | None = None,
-        timeout: float | None = None,
-        stdin: str | bytes | None = None,
-        on_output: OutputCallback | None = None,
-    ) -> ExecResult:
+    async def _exec(self, request: ExecRequest) -> ExecResult:
+        """Through the exec channel or one engine exec per command (`executor.py`), with
+        the cwd made absolute and the configured user standing in for None."""
         return await self.executor.run(
-            ExecRequest(
-                argv(command),
-                env=env or {},
-                workdir=self._absolute(cwd) if cwd else None,
-                user=user or self.user,
-                stdin=stdin.encode() if isinstance(stdin, str) else stdin,
-                timeout=timeout if timeout is not None else self.default_timeout,
-                on_output=on_output,
-                output_limit=self.output_limit,
+            replace(
+                request,
+                cwd=self._absolute(request.cwd) if request.cwd is not None else None,
+                user=request.user or self.user,
             )
         )
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 
 from corral.core.output import BoundedOutput
-from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
+from corral.core.session import EnvironmentSession, ExecRequest, ExecResult
 from corral.core.snapshot import SnapshotRef
 from corral.core.snapshot_store import SnapshotRecord, SnapshotShelf
 from corral.core.tarsafe import CHUNK, extract_tar, pack_dir, pack_file, replacing, validate_dir
@@ -115,31 +115,21 @@ class KubernetesSession(EnvironmentSession):
     def _absolute(self, path: str) -> str:
         return posixpath.normpath(posixpath.join(self.workdir, path))
 
-    async def exec(
-        self,
-        command: Command,
-        *,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        user: str | None = None,
-        timeout: float | None = None,
-        stdin: str | bytes | None = None,
-        on_output: OutputCallback | None = None,
-    ) -> ExecResult:
-        if user is not None:
+    async def _exec(self, request: ExecRequest) -> ExecResult:
+        if request.user is not None:
             raise ExecUserUnsupported(
-                f"the Kubernetes exec API cannot switch user (asked for {user!r}); "
+                f"the Kubernetes exec API cannot switch user (asked for {request.user!r}); "
                 "set run_as_user in the provider config instead"
             )
         return await run_exec(
             self.target,
-            argv(command),
-            cwd=self._absolute(cwd) if cwd else None,
-            env=env or {},
-            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
-            timeout=timeout if timeout is not None else self.default_timeout,
-            on_output=on_output,
-            output_limit=self.output_limit,
+            list(request.args),
+            cwd=self._absolute(request.cwd) if request.cwd is not None else None,
+            env=request.env,
+            stdin=request.stdin,
+            timeout=request.timeout,
+            on_output=request.on_output,
+            output_limit=request.output_limit,
         )
 
     async def _stream_in(self, directory: str, chunks: Iterator[bytes], *, root: bool) -> None:

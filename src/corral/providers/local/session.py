@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 
 from corral.core.paths import resolve_within
-from corral.core.session import Command, EnvironmentSession, ExecResult, OutputCallback, argv
+from corral.core.session import EnvironmentSession, ExecRequest, ExecResult
 from corral.core.snapshot import SnapshotRef
 from corral.core.snapshot_store import SnapshotRecord, SnapshotShelf
 from corral.core.tarsafe import extract_tar, pack_dir
@@ -39,7 +39,7 @@ class LocalSession(EnvironmentSession):
         self.workdir = workdir
         self.tmp_dir = workspace / ".tmp"
         self._env = env
-        self._default_timeout = default_timeout
+        self.default_timeout = default_timeout
         self.output_limit = output_limit
         # Every exec joins the cgroup; where none could be made, this says why.
         self.cgroup = cgroup
@@ -56,32 +56,22 @@ class LocalSession(EnvironmentSession):
         path = Path(remote)
         return path if path.is_absolute() else self.workdir / path
 
-    async def exec(
-        self,
-        command: Command,
-        *,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        user: str | None = None,
-        timeout: float | None = None,
-        stdin: str | bytes | None = None,
-        on_output: OutputCallback | None = None,
-    ) -> ExecResult:
-        args = argv(command)
+    async def _exec(self, request: ExecRequest) -> ExecResult:
+        args = list(request.args)
         if self.policy.network_mode is NetworkMode.NO_NETWORK:
             args = isolated(args)
-        directory = self._path(cwd) if cwd else self.workdir
+        directory = self._path(request.cwd) if request.cwd is not None else self.workdir
         if not directory.is_dir():
             raise RemotePathNotFound(str(directory))
         return await run_process(
             args,
             cwd=str(directory),
-            env={**self._env, **(env or {})},
-            user=user,
-            timeout=timeout if timeout is not None else self._default_timeout,
-            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
-            on_output=on_output,
-            output_limit=self.output_limit,
+            env={**self._env, **request.env},
+            user=request.user,
+            timeout=request.timeout,
+            stdin=request.stdin,
+            on_output=request.on_output,
+            output_limit=request.output_limit,
             cgroup=self.cgroup if isinstance(self.cgroup, SessionCgroup) else None,
         )
 
