@@ -139,8 +139,11 @@ def test_memory_is_bounded_under_a_flood() -> None:
     snap = events.snapshot()
     assert len(snap.events) == 100
     assert snap.dropped == 4900
-    # the newest are kept, in order
+    # the newest are kept, in order; the totals count every one read
     assert [e.port for e in snap.events] == [1 + i % 60000 for i in range(4900, 5000)]
+    assert snap.totals == {"run": {"tcp": 5000}}
+    assert snap.summary()["run"].refused == 5000
+    assert sum(snap.summary()["run"].top_destinations.values()) == 20  # of the kept ones
 
 
 def test_corrals_own_probe_is_taken_out_once() -> None:
@@ -210,7 +213,7 @@ def test_summary_per_phase() -> None:
         _event("evaluation", "icmp", "10.0.0.2", None),
         _event(None, "tcp", "10.0.0.3", 22),
     ]
-    summary = summarize(items)
+    summary = summarize([NetworkEvents(events=tuple(items))])
     assert set(summary) == {"run", "evaluation", "none"}
     assert summary["run"].refused == 3
     assert summary["run"].by_protocol == {"tcp": 2, "udp": 1}
@@ -221,7 +224,7 @@ def test_summary_per_phase() -> None:
 
 def test_summary_destinations_are_bounded() -> None:
     items = [_event("run", "tcp", "10.0.0.1", port) for port in range(1, 500)]
-    assert len(summarize(items)["run"].top_destinations) == 20
+    assert len(summarize([NetworkEvents(events=tuple(items))])["run"].top_destinations) == 20
 
 
 def test_engine_stream_demux() -> None:
@@ -311,3 +314,15 @@ def test_which_providers_report_events() -> None:
     result = CliRunner().invoke(app, ["list", "env"], env={"COLUMNS": "250"})
     docker = next(line for line in result.output.splitlines() if "│ docker" in line)
     assert "network_events" in docker
+
+
+def test_summaries_of_several_sandboxes_add_up() -> None:
+    main = EventLog(limit=2)
+    for port in (1, 2, 3):
+        main.add(_event("run", "tcp", "10.0.0.1", port))
+    fresh = NetworkEvents(events=(_event("evaluation", "udp", "10.0.0.2", 53),))
+    summary = summarize([main.snapshot(), fresh])
+    assert {k: (v.refused, v.by_protocol) for k, v in summary.items()} == {
+        "run": (3, {"tcp": 3}),
+        "evaluation": (1, {"udp": 1}),
+    }

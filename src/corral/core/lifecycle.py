@@ -17,7 +17,7 @@ from corral.core.logs import event
 from corral.core.plan import ExecutionPlan
 from corral.core.session import EnvironmentSession
 from corral.errors import FeatureUnsupported
-from corral.network.events import NetworkEvent, PhaseSummary, summarize
+from corral.network.events import NetworkEvents, PhaseSummary, summarize
 from corral.network.policy import NetworkMode, NetworkPolicy, NetworkSchedule, Phase
 from corral.network.targets import NetworkTarget
 
@@ -79,7 +79,7 @@ class TaskRun:
         self.restore_timeout_s = restore_timeout_s
         self.policy_log: list[PolicyLogEntry] = []
         #: refused attempts of a fresh evaluation sandbox, kept from before its release
-        self._evaluation_events: tuple[NetworkEvent, ...] = ()
+        self._evaluation_events: list[NetworkEvents] = []
         self._session: EnvironmentSession | None = None
         self._refresher = AsyncExitStack()
         self._bindings = BoundSet(bindings)
@@ -166,14 +166,13 @@ class TaskRun:
         if not self.env.supports_network_events:
             return
         with contextlib.suppress(FeatureUnsupported):
-            self._evaluation_events = session.network_events().events
+            self._evaluation_events.append(session.network_events())
 
     def network_summary(self) -> dict[str, PhaseSummary]:
         """The refused attempts of this task, per phase (`corral.network.events`): the main
         sandbox's (its newest `limit`), and a fresh evaluation sandbox's. Also after the
         block has ended. `FeatureUnsupported` where the provider cannot see refusals."""
-        events = self.session.network_events()
-        return summarize((*events.events, *self._evaluation_events))
+        return summarize([self.session.network_events(), *self._evaluation_events])
 
     async def _evaluate_on(
         self,

@@ -41,7 +41,7 @@ _MAX_LINE = 200
 _MAX_OWN = 16
 _NO_PHASE = "none"
 _PREFIX = "corral:"
-_SAVED_PREFIX = re.compile(r'--nflog-prefix "?(corral:[a-z_]+)"?')
+_SAVED_PREFIX = re.compile(r'--nflog-prefix\s+"?(corral:[a-z_]+)')
 _PROTOCOLS = {1: "icmp", 6: "tcp", 17: "udp", 33: "dccp", 58: "icmpv6", 132: "sctp", 136: "udplite"}
 
 
@@ -98,19 +98,22 @@ class PhaseSummary(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
+    #: every refused attempt the reader read in this phase, dropped ones included
     refused: int
     by_protocol: dict[str, int]
-    #: the most refused destinations, `host:port/protocol` -> count (at most 20)
+    #: among the events kept: the most refused destinations, `host:port/protocol` ->
+    #: count (at most 20)
     top_destinations: dict[str, int]
 
 
 class NetworkEvents(BaseModel):
     """What `session.network_events()` returns: the newest refused attempts, in order.
 
-    `dropped`: older events let go to keep `limit`; `lost`: events the reader could not
-    keep up with (the kernel dropped them) or could not read. Attempts beyond the logging
-    rate (`LOG_RATE_PER_S` per rule) are refused but never listed. `error` says why the
-    reader stopped, if it stopped before the session closed.
+    `dropped`: older events let go to keep `limit`; `totals` still counts them (phase ->
+    protocol -> attempts), so a flood cannot hide that earlier attempts happened. `lost`:
+    events the reader could not keep up with (the kernel dropped them) or could not read.
+    Attempts beyond the logging rate (`LOG_RATE_PER_S` per rule) are refused but never
+    listed. `error` says why the reader stopped, if it stopped before the session closed.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -120,25 +123,41 @@ class NetworkEvents(BaseModel):
     lost: int = 0
     limit: int = DEFAULT_LIMIT
     error: str | None = None
+    #: phase (`"none"` outside any) -> protocol -> refused attempts read, dropped included;
+    #: empty: count the events kept
+    totals: dict[str, dict[str, int]] = {}
 
     def summary(self) -> dict[str, PhaseSummary]:
-        return summarize(self.events)
+        return summarize([self])
 
 
-def summarize(events: Iterable[NetworkEvent]) -> dict[str, PhaseSummary]:
-    """Per phase (`"none"` outside any): how many refused, by protocol, where to."""
-    phases: dict[str, list[NetworkEvent]] = {}
-    for item in events:
-        phases.setdefault(item.phase or _NO_PHASE, []).append(item)
-    summary: dict[str, PhaseSummary] = {}
-    for phase, items in phases.items():
-        where = Counter(_where(item) for item in items)
-        summary[phase] = PhaseSummary(
-            refused=len(items),
-            by_protocol=dict(Counter(item.protocol for item in items)),
-            top_destinations=dict(where.most_common(20)),
+def _totals(snapshot: NetworkEvents) -> dict[str, Counter[str]]:
+    if snapshot.totals:
+        return {phase: Counter(counts) for phase, counts in snapshot.totals.items()}
+    counted: dict[str, Counter[str]] = {}
+    for item in snapshot.events:
+        counted.setdefault(item.phase or _NO_PHASE, Counter())[item.protocol] += 1
+    return counted
+
+
+def summarize(snapshots: Iterable[NetworkEvents]) -> dict[str, PhaseSummary]:
+    """Per phase (`"none"` outside any), over one or more sandboxes' events: how many
+    were refused, by protocol, and where to."""
+    totals: dict[str, Counter[str]] = {}
+    where: dict[str, Counter[str]] = {}
+    for snapshot in snapshots:
+        for phase, counts in _totals(snapshot).items():
+            totals.setdefault(phase, Counter()).update(counts)
+        for item in snapshot.events:
+            where.setdefault(item.phase or _NO_PHASE, Counter())[_where(item)] += 1
+    return {
+        phase: PhaseSummary(
+            refused=sum(counts.values()),
+            by_protocol=dict(counts),
+            top_destinations=dict(where.get(phase, Counter[str]()).most_common(20)),
         )
-    return summary
+        for phase, counts in totals.items()
+    }
 
 
 def _where(item: NetworkEvent) -> str:
@@ -222,6 +241,7 @@ class EventLog:
         self.limit = limit
         self._events: deque[NetworkEvent] = deque(maxlen=limit)
         self._dropped = 0
+        self._totals: dict[str, Counter[str]] = {}
         self._lost_kernel = 0
         self._unreadable = 0
         self._own: deque[tuple[float, IPAddress, int, str]] = deque(maxlen=_MAX_OWN)
@@ -282,6 +302,8 @@ class EventLog:
         if len(self._events) == self.limit:
             self._dropped += 1
         self._events.append(item)
+        # Bounded: five phase names, at most 256 protocol names each.
+        self._totals.setdefault(item.phase or _NO_PHASE, Counter())[item.protocol] += 1
 
     def snapshot(self) -> NetworkEvents:
         with self._lock:
@@ -291,4 +313,5 @@ class EventLog:
                 lost=self._lost_kernel + self._unreadable,
                 limit=self.limit,
                 error=self.error,
+                totals={phase: dict(counts) for phase, counts in self._totals.items()},
             )

@@ -209,6 +209,8 @@ async def test_a_flood_keeps_the_bound_and_counts_what_it_dropped(
         assert len(events.events) == 200
         # At most the kernel's burst and rate were logged; the rest were refused unlisted.
         assert 800 <= events.dropped <= 5000 - 200
+        # what was dropped is still counted: a flood cannot hide that attempts happened
+        assert events.totals == {"baseline": {"udp": 200 + events.dropped}}
         assert events.error is None
         # The reader is still there: the next attempt is listed, as the newest.
         assert not await udp(sandbox, denied.host, 7)

@@ -115,17 +115,15 @@ class EventReader:
         if not self.closed:
             said = self._diagnostics.decode(errors="replace").strip()
             self.events.error = f"{reason}: {said}" if said else reason
-            event(
-                log,
-                "warning",
-                "network events stopped",
-                sandbox=self.session_id,
-                reason=self.events.error,
-            )
+            if self.hello.is_set():  # a reader that never started is reported by its start
+                event(
+                    log,
+                    "warning",
+                    "network events stopped",
+                    sandbox=self.session_id,
+                    reason=self.events.error,
+                )
         self.hello.set()
-
-    def diagnostics(self) -> str:
-        return self._diagnostics.decode(errors="replace").strip()
 
     async def aclose(self) -> None:
         """Shut the stream (the reader exits when its stdin ends) and join the thread."""
