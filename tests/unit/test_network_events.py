@@ -326,3 +326,14 @@ def test_summaries_of_several_sandboxes_add_up() -> None:
         "run": (3, {"tcp": 3}),
         "evaluation": (1, {"udp": 1}),
     }
+
+
+def test_ipv6_multicast_control_is_not_an_attempt() -> None:
+    events = EventLog(limit=10)
+    events.feed(line("E", NOW_NS, "corral:run", 6, 58, "ff02::16", "-") + b"\n")
+    events.feed(line("E", NOW_NS, "corral:run", 6, 17, "ff02::16", 5353) + b"\n")
+    events.feed(line("E", NOW_NS, "corral:run", 6, 58, "fd00::1", "-") + b"\n")
+    assert [(e.protocol, str(e.destination)) for e in events.snapshot().events] == [
+        ("udp", "ff02::16"),
+        ("icmpv6", "fd00::1"),
+    ]

@@ -291,6 +291,10 @@ class EventLog:
             self._add(item)
 
     def _add(self, item: NetworkEvent) -> None:
+        if item.protocol == "icmpv6" and item.destination.is_multicast:
+            # The namespace's own IPv6 control traffic (MLD reports to ff02::16 when an
+            # interface or a socket joins a group): no attempt to reach anything.
+            return
         now = _time.monotonic()
         for entry in list(self._own):
             deadline, destination, port, protocol = entry
