@@ -159,6 +159,10 @@ var (
 )
 
 func main() {
+	if len(os.Args) >= 4 && os.Args[1] == "--nflog" {
+		nflogMain(os.Args[2], os.Args[3])
+		return
+	}
 	if len(os.Args) >= 3 && os.Args[1] == "--kill" {
 		killMarked(os.Args[2])
 		return

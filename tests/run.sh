@@ -62,6 +62,7 @@ bash tests/integration/images/build.sh
 # and module caches live outside the repo, so a rebuild with unchanged sources is quick.
 export GOCACHE=${GOCACHE:-$HOME/.cache/go-build} GOMODCACHE=${GOMODCACHE:-$HOME/go/pkg/mod}
 bash helper/build.sh
+(cd helper && go test ./...)  # the NFLOG reader's packet parser, hostile input
 
 # The test cluster is built from upstream sources on first use (cold: ~26 min).
 started_cluster=1

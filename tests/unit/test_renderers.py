@@ -11,7 +11,8 @@ import pytest
 
 from corral import NetworkPolicy
 from corral.errors import NetworkPolicyUnsupported
-from corral.network import Resolution, render_iptables, render_network_policy
+from corral.network import Phase, Resolution, render_iptables, render_network_policy
+from corral.network.events import LOG_BURST, LOG_RATE_PER_S, NFLOG_GROUP, log_prefix
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -50,6 +51,39 @@ def test_iptables_golden(case: str) -> None:
     payload = render_iptables(CASES[case], RESOLVED)
     _check(f"{case}.iptables", payload.ipv4)
     _check(f"{case}.ip6tables", payload.ipv6)
+
+
+def test_iptables_golden_logs_with_the_phase() -> None:
+    payload = render_iptables(CASES["denylist"], RESOLVED, phase="run")
+    _check("denylist-run.iptables", payload.ipv4)
+    _check("denylist-run.ip6tables", payload.ipv6)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("phase", [None, "baseline", "evaluation_baseline"])
+def test_every_reject_is_logged_first_with_the_same_match(case: str, phase: Phase | None) -> None:
+    """Each REJECT has, right before it, one rate-limited NFLOG rule matching exactly what
+    it matches, stamped with the phase; nothing else is logged."""
+    payload = render_iptables(CASES[case], RESOLVED, phase=phase)
+    for text in (payload.ipv4, payload.ipv6):
+        lines = text.splitlines()
+        rejects = [i for i, line in enumerate(lines) if " -j REJECT " in line]
+        logs = [i for i, line in enumerate(lines) if " -j NFLOG " in line]
+        assert logs == [i - 1 for i in rejects]
+        for i in rejects:
+            match = lines[i].partition("-j REJECT ")[0]
+            assert lines[i - 1] == (
+                f"{match}-m limit --limit {LOG_RATE_PER_S}/second --limit-burst {LOG_BURST} "
+                f"-j NFLOG --nflog-group {NFLOG_GROUP} --nflog-prefix {log_prefix(phase)} "
+                "--nflog-size 128"
+            )
+        if case == "public":
+            assert not logs
+
+
+def test_a_phase_that_is_not_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a phase"):
+        render_iptables(CASES["no-network"], RESOLVED, phase="run; -j ACCEPT")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

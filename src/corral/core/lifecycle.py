@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -15,6 +16,8 @@ from corral.core.environment import BaseEnvironment
 from corral.core.logs import event
 from corral.core.plan import ExecutionPlan
 from corral.core.session import EnvironmentSession
+from corral.errors import FeatureUnsupported
+from corral.network.events import NetworkEvents, PhaseSummary, summarize
 from corral.network.policy import NetworkMode, NetworkPolicy, NetworkSchedule, Phase
 from corral.network.targets import NetworkTarget
 
@@ -75,6 +78,8 @@ class TaskRun:
         self.fresh_evaluation = fresh_evaluation
         self.restore_timeout_s = restore_timeout_s
         self.policy_log: list[PolicyLogEntry] = []
+        #: refused attempts of a fresh evaluation sandbox, kept from before its release
+        self._evaluation_events: list[NetworkEvents] = []
         self._session: EnvironmentSession | None = None
         self._refresher = AsyncExitStack()
         self._bindings = BoundSet(bindings)
@@ -151,8 +156,23 @@ class TaskRun:
             }
         )
         async with self.env.session(plan) as evaluation, evaluation.names_kept_current():
-            self._record(evaluation, "evaluation_baseline")
-            return await self._evaluate_on(evaluation, fn, restore="evaluation_baseline")
+            await self._switch(evaluation, "evaluation_baseline")
+            try:
+                return await self._evaluate_on(evaluation, fn, restore="evaluation_baseline")
+            finally:
+                self._keep_events(evaluation)
+
+    def _keep_events(self, session: EnvironmentSession) -> None:
+        if not self.env.supports_network_events:
+            return
+        with contextlib.suppress(FeatureUnsupported):
+            self._evaluation_events.append(session.network_events())
+
+    def network_summary(self) -> dict[str, PhaseSummary]:
+        """The refused attempts of this task, per phase (`corral.network.events`): the main
+        sandbox's (its newest `limit`), and a fresh evaluation sandbox's. Also after the
+        block has ended. `FeatureUnsupported` where the provider cannot see refusals."""
+        return summarize([self.session.network_events(), *self._evaluation_events])
 
     async def _evaluate_on(
         self,
@@ -199,8 +219,8 @@ class TaskRun:
     async def _switch(self, session: EnvironmentSession, phase: Phase) -> None:
         policy = self.schedule.policy(phase)
         started = anyio.current_time()
-        if policy != session.policy:
-            await session.set_network_policy(policy)
+        if policy != session.policy or phase != session.phase:
+            await session.set_network_policy(policy, phase=phase)
         self._record(session, phase)
         event(
             log,

@@ -13,6 +13,8 @@ Contract (every provider, checked by `corral.testing`):
 - `read_text` on a missing path raises `RemotePathNotFound` naming it.
 - `set_network_policy` applies atomically; when applying or verifying fails, the sandbox is
   left with no network (or closed, if even that fails) and the error says which.
+- `network_events()`: the refused attempts so far, bounded, where the provider declares
+  `supports_network_events`; `FeatureUnsupported` elsewhere.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from corral.errors import (
     ProviderError,
     WorkloadNotStopped,
 )
-from corral.network.policy import NetworkPolicy
+from corral.network.events import NetworkEvents
+from corral.network.policy import NetworkPolicy, Phase
 
 if TYPE_CHECKING:
     from corral.core.environment import BaseEnvironment
@@ -199,6 +202,8 @@ class EnvironmentSession(abc.ABC):
     def __init__(self, *, id: str, policy: NetworkPolicy) -> None:
         self.id = id
         self.policy = policy
+        #: the phase the policy in force was applied for (`TaskRun` names it), or None
+        self.phase: Phase | None = None
         self.environment: BaseEnvironment | None = None
         self.owned: AsyncExitStack | None = None
         self.closed = False
@@ -307,8 +312,15 @@ class EnvironmentSession(abc.ABC):
         """The address at which the sandbox reaches the caller's host, or None."""
         return None
 
-    async def set_network_policy(self, policy: NetworkPolicy | str) -> None:
-        """Switch the policy in force, atomically; on failure fall back to no network."""
+    async def set_network_policy(
+        self, policy: NetworkPolicy | str, *, phase: Phase | None = None
+    ) -> None:
+        """Switch the policy in force, atomically; on failure fall back to no network.
+
+        `phase` (given by `TaskRun`) names what the policy is for: refused attempts are
+        stamped with it (`network_events()`). The same policy under a new phase is not
+        applied again; only what stamps events learns the new phase.
+        """
         new = NetworkPolicy.model_validate(policy)
         env = self.environment
         if env is None or self.closed:
@@ -316,14 +328,32 @@ class EnvironmentSession(abc.ABC):
         caps = env.network_capabilities()
         if not caps.dynamic:
             if new == self.policy:
+                if phase is not None:
+                    self.phase = phase
                 return
             raise NetworkPolicyUnsupported(
                 f"provider {caps.provider!r} cannot switch the policy of a live sandbox "
                 f"(from {self.policy} to {new})"
             )
-        caps.check_policy(new, "run")
+        caps.check_policy(new, phase or "run")
         async with self._switching:
+            if phase is not None and phase != self.phase:
+                self.phase = phase
+                if new == self.policy:
+                    await self._phase_changed()
+                    return
             await self._switch_to(new)
+
+    async def _phase_changed(self) -> None:  # noqa: B027 - a hook most providers skip
+        """Provider hook: `self.phase` changed under the same policy (relabel events)."""
+
+    def network_events(self) -> NetworkEvents:
+        """The refused attempts so far (`time`, `phase`, `protocol`, `destination`,
+        `port`), oldest first, the newest `limit` of them kept (`dropped` counts the rest).
+        `FeatureUnsupported` where the provider cannot see refusals."""
+        raise FeatureUnsupported(
+            f"{type(self).__name__} cannot report denied-egress events (network_events)"
+        )
 
     async def _switch_to(self, new: NetworkPolicy) -> None:
         started = anyio.current_time()

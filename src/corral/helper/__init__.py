@@ -10,6 +10,8 @@ engine path and the logs say so.
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 
 BIN_DIR = Path(__file__).parent / "bin"
@@ -25,3 +27,17 @@ def helper_binary(arch: str) -> Path | None:
         return None
     path = BIN_DIR / f"corral-exec-linux-{goarch}"
     return path if path.is_file() else None
+
+
+def helper_archive(binary: Path, name: str) -> bytes:
+    """A tar holding only the helper, as `name`, owned by root, mode 0755 (blocking)."""
+    buffer = io.BytesIO()
+    data = binary.read_bytes()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = 0o755
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()

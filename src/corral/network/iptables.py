@@ -11,6 +11,11 @@ lets the sandbox originate anything.
 Each payload also carries the policy it enforces (`policy_record`), so that what is in
 force can be read back from the kernel.
 
+Every REJECT is preceded by an NFLOG rule with the same match (rate-limited, headers only,
+to group `NFLOG_GROUP`, prefixed with the phase the rules are rendered for): the refused
+attempt is logged in the sandbox's own namespace, where only a holder of NET_ADMIN can
+read it, and the REJECT counters still count every refusal (the probes rely on them).
+
 Addresses enter the text only through `rule_text`, rebuilt from their integers: nothing a
 policy or the sandbox wrote (a zone id, a newline) can become a rule line.
 """
@@ -22,7 +27,8 @@ import ipaddress
 from pydantic import BaseModel, ConfigDict
 
 from corral.network.addresses import rule_text
-from corral.network.policy import NetworkMode, NetworkPolicy
+from corral.network.events import LOG_BURST, LOG_COPY_BYTES, LOG_RATE_PER_S, NFLOG_GROUP, log_prefix
+from corral.network.policy import NetworkMode, NetworkPolicy, Phase
 from corral.network.policy_record import RECORD_CHAIN, PolicyRecord, record_rules
 from corral.network.resolve import AddressRule, Resolution, address_rules, needs_dns
 
@@ -36,16 +42,39 @@ class IptablesPayload(BaseModel):
     ipv6: str
 
 
-def render_iptables(policy: NetworkPolicy, resolved: Resolution) -> IptablesPayload:
+def render_iptables(
+    policy: NetworkPolicy, resolved: Resolution, *, phase: Phase | None = None
+) -> IptablesPayload:
+    """Both payloads; refused attempts are logged with `phase` (None: outside any)."""
     rules = address_rules(policy, resolved)
     return IptablesPayload(
-        ipv4=_render_family(policy, resolved, rules, 4),
-        ipv6=_render_family(policy, resolved, rules, 6),
+        ipv4=_render_family(policy, resolved, rules, 4, log_prefix(phase)),
+        ipv6=_render_family(policy, resolved, rules, 6, log_prefix(phase)),
     )
 
 
+def _logged(body: list[str], prefix: str) -> list[str]:
+    """Each REJECT preceded by an NFLOG rule of the same match."""
+    log = (
+        f"-m limit --limit {LOG_RATE_PER_S}/second --limit-burst {LOG_BURST} "
+        f"-j NFLOG --nflog-group {NFLOG_GROUP} --nflog-prefix {prefix} "
+        f"--nflog-size {LOG_COPY_BYTES}"
+    )
+    lines: list[str] = []
+    for rule in body:
+        match, reject, _ = rule.partition("-j REJECT ")
+        if reject:
+            lines.append(f"{match}{log}")
+        lines.append(rule)
+    return lines
+
+
 def _render_family(
-    policy: NetworkPolicy, resolved: Resolution, rules: list[AddressRule], family: int
+    policy: NetworkPolicy,
+    resolved: Resolution,
+    rules: list[AddressRule],
+    family: int,
+    prefix: str,
 ) -> str:
     reject_icmp = "icmp-port-unreachable" if family == 4 else "icmp6-port-unreachable"
     reject = [
@@ -96,7 +125,7 @@ def _render_family(
         f":{RECORD_CHAIN} - [0:0]",
         *record_rules(PolicyRecord(policy=policy, dns_servers=resolved.dns_servers)),
         f"-A OUTPUT -j {CHAIN}",
-        *(f"-A {CHAIN} {rule}" for rule in body),
+        *(f"-A {CHAIN} {rule}" for rule in _logged(body, prefix)),
         "COMMIT",
         "",
     ]

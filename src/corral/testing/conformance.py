@@ -24,7 +24,12 @@ import pytest
 from corral.core.environment import BaseEnvironment
 from corral.core.plan import ExecutionPlan
 from corral.core.session import EnvironmentSession
-from corral.errors import NetworkPolicyUnsupported, RemotePathNotFound, UnsafeArchiveMember
+from corral.errors import (
+    FeatureUnsupported,
+    NetworkPolicyUnsupported,
+    RemotePathNotFound,
+    UnsafeArchiveMember,
+)
 from corral.network.policy import NetworkMode, NetworkPolicy, NetworkSchedule
 from corral.testing.plugin import ConnectCommand, EgressTarget, ServeCommand
 
@@ -39,6 +44,7 @@ __all__ = [
     "test_conformance_file_round_trip",
     "test_conformance_invalid_utf8_is_replaced",
     "test_conformance_missing_paths",
+    "test_conformance_network_events",
     "test_conformance_network_mode",
     "test_conformance_nonzero_exit_is_a_result",
     "test_conformance_output_is_bounded",
@@ -383,6 +389,40 @@ async def test_conformance_network_mode(
         NetworkMode.DENYLIST: (True, False),
     }[mode]
     assert (reach_first, reach_second) == expected, f"{mode.value} not enforced"
+
+
+@anyio_mark
+async def test_conformance_network_events(
+    corral_environment: BaseEnvironment,
+    corral_plan: ExecutionPlan,
+    corral_egress_targets: list[EgressTarget],
+    corral_connect_command: ConnectCommand,
+) -> None:
+    """A provider that declares `supports_network_events` lists a refused attempt (its
+    destination and port) and not an allowed one; any other raises `FeatureUnsupported`
+    naming the feature."""
+    env = corral_environment
+    if not env.features().supports_network_events:
+        async with env.session(corral_plan) as sandbox:
+            with pytest.raises(FeatureUnsupported, match="network_events"):
+                sandbox.network_events()
+        return
+    if NetworkMode.ALLOWLIST not in env.network_capabilities().modes:
+        pytest.skip("events are checked under an allowlist, which this provider lacks")
+    first, second = corral_egress_targets
+    policy = _mode_policy(NetworkMode.ALLOWLIST, corral_egress_targets, env)
+    plan = corral_plan.model_copy(update={"network": NetworkSchedule(baseline=policy)})
+    async with env.session(plan) as sandbox:
+        assert await _reaches(sandbox, corral_connect_command, first)
+        assert not await _reaches(sandbox, corral_connect_command, second)
+        deadline = time.monotonic() + 10
+        while True:
+            seen = {(str(e.destination), e.port) for e in sandbox.network_events().events}
+            if (second.host, second.port) in seen or time.monotonic() > deadline:
+                break
+            await anyio.sleep(0.1)
+    assert (second.host, second.port) in seen, f"the refused {second} is not listed: {seen}"
+    assert (first.host, first.port) not in seen, f"the allowed {first} is listed"
 
 
 async def _own_addresses(sandbox: EnvironmentSession) -> list[str]:

@@ -85,7 +85,7 @@ class CorralSandboxEnvironment(SandboxEnvironment):
         """
         if phase != "run":
             await self.session.end_workload()
-        await self.session.set_network_policy(self.schedule.policy(phase))
+        await self.session.set_network_policy(self.schedule.policy(phase), phase=phase)
 
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:

@@ -28,7 +28,6 @@ tree is killed through the plain path; the next call starts a fresh helper.
 from __future__ import annotations
 
 import contextlib
-import io
 import itertools
 import json
 import logging
@@ -36,11 +35,9 @@ import math
 import secrets
 import socket
 import struct
-import tarfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -54,7 +51,7 @@ from corral.core.logs import event
 from corral.core.markers import MARKER, new_marker
 from corral.core.session import TIMEOUT_RETURNCODE, ExecRequest, ExecResult
 from corral.errors import ProviderError
-from corral.helper import helper_binary
+from corral.helper import helper_archive, helper_binary
 from corral.providers.docker.engine import Engine, call
 from corral.providers.docker.execution import kill_tree
 from corral.providers.docker.executor import PlainExecutor
@@ -365,20 +362,6 @@ def _exit_code(payload: bytes) -> int:
     return code
 
 
-def _archive(binary: Path, name: str) -> bytes:
-    """A tar holding only the helper, as `name`, owned by root, mode 0755."""
-    buffer = io.BytesIO()
-    data = binary.read_bytes()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        info.mode = 0o755
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
-        tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 class ChannelExecutor:
     """Execs through a helper in the sandbox; plain exec where the helper cannot serve."""
 
@@ -469,7 +452,7 @@ class ChannelExecutor:
             self._default_user = str(config.get("User") or "")
             self._default_cwd = str(config.get("WorkingDir") or "/")
             path = f"/.corral-exec-{secrets.token_hex(8)}"
-            archive = await anyio.to_thread.run_sync(_archive, binary, path[1:])
+            archive = await anyio.to_thread.run_sync(helper_archive, binary, path[1:])
             await call(self.tokens, self.api.put_archive, self.container, "/", archive)
             created: dict[str, Any] = await call(
                 self.tokens,

@@ -105,6 +105,19 @@ class DockerConfig(RuntimeEnvironmentConfig):
         "instead of one engine exec each; where the helper is missing or cannot run, "
         "execs fall back to plain engine execs and the logs say so",
     )
+    network_events: bool = Field(
+        default=True,
+        description="record every refused egress attempt (session.network_events()): "
+        "corral's helper runs in the holder as the reader of the rules' NFLOG group; "
+        "where it cannot start, network_events() raises FeatureUnsupported saying why",
+    )
+    network_events_limit: int = Field(
+        default=1000,
+        ge=1,
+        le=1_000_000,
+        description="refused attempts (events) kept per sandbox; older ones are dropped "
+        "and counted",
+    )
     api_timeout_s: float = Field(
         default=60.0, gt=0, description="seconds one Engine API call may take"
     )

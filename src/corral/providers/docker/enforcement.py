@@ -19,8 +19,9 @@ from corral.core.output import DEFAULT_OUTPUT_LIMIT
 from corral.core.session import ExecResult
 from corral.errors import NetworkPolicyNotEnforced, ProviderError
 from corral.network.dns import Answer, resolve_names
+from corral.network.events import EventLog, phase_in_rules
 from corral.network.iptables import CHAIN, render_iptables
-from corral.network.policy import NetworkPolicy
+from corral.network.policy import NetworkPolicy, Phase
 from corral.network.policy_record import PolicyRecord, read_record
 from corral.network.probe import DISCARD_PORT, forbidden_probe
 from corral.network.resolve import Resolution, parse_resolv_conf, resolve_policy
@@ -141,10 +142,16 @@ async def apply_policy(
     resolved: Resolution,
     *,
     probe_candidates: list[tuple[IPAddress, int]],
+    phase: Phase | None,
+    events: EventLog | None = None,
 ) -> None:
-    """Render and apply `policy` in one holder exec, then check it with a probe."""
-    payload = render_iptables(policy, resolved)
+    """Render and apply `policy` in one holder exec, then check it with a probe.
+
+    Refusals are logged stamped with `phase`; the probe's own is taken out of `events`."""
+    payload = render_iptables(policy, resolved, phase=phase)
     probe = forbidden_probe(policy, resolved, probe_candidates)
+    if probe is not None and events is not None:
+        events.expect_own(*probe)
     env = {
         "CORRAL_V4": payload.ipv4,
         "CORRAL_V6": payload.ipv6,
@@ -172,9 +179,12 @@ async def apply_policy(
             )
 
 
-async def policy_in_force(api: Engine, tokens: int, holder: str) -> PolicyRecord:
+async def policy_in_force(
+    api: Engine, tokens: int, holder: str
+) -> tuple[PolicyRecord, Phase | None]:
     """The record `apply_policy` last left in the holder's namespace, read from the kernel
-    with the holder's own tools; both families must carry the same one."""
+    with the holder's own tools; both families must carry the same one. With it, the
+    phase its refusals are stamped with."""
     result = await _as_root(api, tokens, holder, ["sh", "-c", _SAVED])
     v4, _, v6 = result.stdout.partition("#corral-ipv6")
     try:
@@ -183,11 +193,12 @@ async def policy_in_force(api: Engine, tokens: int, holder: str) -> PolicyRecord
         record = read_record(v4)
         if read_record(v6) != record:
             raise ValueError("the IPv4 and IPv6 rules carry different policies")
+        phase = phase_in_rules(v4)
     except ValueError as exc:
         raise ProviderError(
             f"cannot read the policy in force from holder {holder[:12]}: {exc}"
         ) from None
-    return record
+    return record, phase
 
 
 async def _rejects(api: Engine, tokens: int, holder: str, version: int) -> int:
@@ -233,6 +244,8 @@ async def probe_from_sandbox(
     sandbox: str,
     probe: tuple[IPAddress, int],
     runtime: str,
+    *,
+    events: EventLog | None = None,
 ) -> None:
     """Dial `probe`, which the policy in force forbids, from inside the sandbox container.
 
@@ -245,6 +258,8 @@ async def probe_from_sandbox(
     folder = f"/.corral-probe-{secrets.token_hex(4)}"
     busybox = f"{folder}/busybox"
     before = await _rejects(api, tokens, holder, host.version)
+    if events is not None:
+        events.expect_own(host, port)
     try:
         await call(tokens, _copy_busybox, api, holder, sandbox, folder.lstrip("/"))
         dial = await _as_root(

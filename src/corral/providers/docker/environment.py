@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import ipaddress
 import json
+import logging
 import time
 import weakref
 from collections.abc import AsyncGenerator
@@ -43,12 +44,14 @@ from corral.core.labels import (
     new_session_id,
     session_labels,
 )
+from corral.core.logs import event
 from corral.core.plan import ExecutionPlan
 from corral.core.redact import plain_env
 from corral.core.session import EnvironmentSession
 from corral.core.snapshot import SnapshotRef
 from corral.errors import ConfigError, NetworkPolicyNotEnforced, ProviderError, SessionIdTaken
-from corral.network.policy import NetworkMode, NetworkPolicy
+from corral.network.events import EventLog
+from corral.network.policy import NetworkMode, NetworkPolicy, Phase
 from corral.network.probe import DISCARD_PORT
 from corral.network.resolve import Resolution
 from corral.network.targets import EntryType, IPAddress
@@ -61,6 +64,7 @@ from corral.providers.docker.enforcement import (
     resolve,
 )
 from corral.providers.docker.engine import Engine, call, connect, idempotent
+from corral.providers.docker.events import EventFeed, EventsUnavailable, start_reader
 from corral.providers.docker.pool import Pooling, WarmPool, collect_idle
 from corral.providers.docker.resources import (
     ROLE,
@@ -80,6 +84,8 @@ from corral.providers.docker.resources import (
     sandbox_name,
 )
 from corral.providers.docker.session import DockerSession
+
+log = logging.getLogger("corral.docker")
 
 #: looks, 0.2 s apart, for a second network of the session's name to go
 UNIQUE_TRIES = 50
@@ -107,6 +113,7 @@ class DockerEnvironment(BaseEnvironment):
     supports_dynamic_network_policy = True
     supports_reattach = True
     supports_snapshot = True
+    supports_network_events = True
     max_concurrent_opens = 16
 
     config: DockerConfig
@@ -272,8 +279,12 @@ class DockerEnvironment(BaseEnvironment):
         await self._ensure_image(client, cfg.holder_image)
         network = await self._make_network(client, owned, sid, labels)
         holder = await self._start_holder(client, owned, sid, network, labels, holder_names)
+        # Before any rule logs: every refusal from the baseline's on is read.
+        feed = await self._start_events(client, owned, sid, holder["Id"])
         dns = await dns_servers(client.api, cfg.max_workers, holder["Id"])
-        baseline = await self._apply_baseline(client, sid, holder, plan.network.baseline, dns)
+        baseline = await self._apply_baseline(
+            client, sid, holder, plan.network.baseline, dns, feed.log
+        )
         sandbox = await self._start_sandbox(client, owned, sid, holder["Id"], image, plan, labels)
         session = self._session(
             client,
@@ -283,6 +294,8 @@ class DockerEnvironment(BaseEnvironment):
             dns=dns,
             labels=labels,
             default_timeout=plan.timeouts.operation_s,
+            phase="baseline",
+            events=feed,
         )
         # Unwound first: the exec channel's stream and reader thread end with the session.
         owned.push_async_callback(session.executor.aclose)
@@ -380,6 +393,22 @@ class DockerEnvironment(BaseEnvironment):
             client, tokens, names[0], labels, f"holder from image {cfg.holder_image!r}"
         )
 
+    async def _start_events(
+        self, client: Engine, owned: AsyncExitStack, sid: str, holder: str
+    ) -> EventFeed:
+        """The denied-egress reader in the holder, stopped with the session, or why there
+        is none (logged: a sandbox without events still works)."""
+        events = EventLog(self.config.network_events_limit)
+        if not self.config.network_events:
+            return EventFeed(events, None, "turned off (network_events=False)")
+        try:
+            reader = await start_reader(client.api, self.config.max_workers, holder, events, sid)
+        except EventsUnavailable as exc:
+            event(log, "warning", "network events unavailable", sandbox=sid, reason=str(exc))
+            return EventFeed(events, None, str(exc))
+        owned.push_async_callback(reader.aclose)
+        return EventFeed(events, reader, None)
+
     async def _apply_baseline(
         self,
         client: Engine,
@@ -387,6 +416,7 @@ class DockerEnvironment(BaseEnvironment):
         holder: dict[str, Any],
         policy: NetworkPolicy,
         dns: tuple[IPAddress, ...],
+        events: EventLog,
     ) -> Resolution:
         """`policy` in force in the holder's namespace, probed, before any sandbox joins."""
         tokens = self.config.max_workers
@@ -401,6 +431,8 @@ class DockerEnvironment(BaseEnvironment):
                 policy,
                 resolved,
                 probe_candidates=[(_gateway(holder, sid), DISCARD_PORT)],
+                phase="baseline",
+                events=events,
             )
         except NetworkPolicyNotEnforced as exc:
             raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
@@ -483,6 +515,8 @@ class DockerEnvironment(BaseEnvironment):
         dns: tuple[IPAddress, ...],
         labels: dict[str, str],
         default_timeout: float | None,
+        phase: Phase | None,
+        events: EventFeed,
     ) -> DockerSession:
         """A session over a running holder and sandbox, from what the engine says of them."""
         cfg = self.config
@@ -516,6 +550,8 @@ class DockerEnvironment(BaseEnvironment):
             verified_runtimes=self._verified_runtimes,
             exec_channel=cfg.exec_channel,
             snapshot_lifetime_s=cfg.snapshot_lifetime_s,
+            phase=phase,
+            events=events,
         )
         session.image = sandbox["Config"]["Image"]
         return session
@@ -529,22 +565,35 @@ class DockerEnvironment(BaseEnvironment):
         if pair is None:
             return None
         holder, sandbox = pair
-        record = await policy_in_force(client.api, tokens, holder["Id"])
+        record, phase = await policy_in_force(client.api, tokens, holder["Id"])
         labels = {k: v for k, v in holder["Config"]["Labels"].items() if k != ROLE}
-        session = self._session(
-            client,
-            holder,
-            sandbox,
-            policy=record.policy,
-            dns=record.dns_servers,
-            labels=labels,
-            default_timeout=None,
-        )
-        await session.follow_names()
+        # From now on: what was refused before this process found the sandbox went with
+        # the reader of the process that had it.
+        readers = AsyncExitStack()
+        feed = await self._start_events(client, readers, session_id, holder["Id"])
+        try:
+            session = self._session(
+                client,
+                holder,
+                sandbox,
+                policy=record.policy,
+                dns=record.dns_servers,
+                labels=labels,
+                default_timeout=None,
+                phase=phase,
+                events=feed,
+            )
+            await session.follow_names()
+        except BaseException:
+            # Found, not created: only the reader this call started is undone.
+            with anyio.CancelScope(shield=True):
+                await readers.aclose()
+            raise
         owned = AsyncExitStack()
         owned.push_async_callback(remove_network, client, tokens, session.network, session_id)
         owned.push_async_callback(remove_container, client, tokens, holder["Id"], session_id)
         owned.push_async_callback(remove_container, client, tokens, sandbox["Id"], session_id)
+        owned.push_async_callback(readers.aclose)
         owned.push_async_callback(session.executor.aclose)
         return session, owned
 

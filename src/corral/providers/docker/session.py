@@ -20,12 +20,14 @@ from corral.core.session import EnvironmentSession, ExecRequest, ExecResult
 from corral.core.snapshot import SnapshotRef
 from corral.core.tarsafe import extract_file, extract_tar, pack_dir, pack_file, validate_dir
 from corral.errors import (
+    FeatureUnsupported,
     NetworkPolicyNotEnforced,
     ProviderError,
     RemotePathNotFound,
     WorkloadNotStopped,
 )
-from corral.network.policy import NetworkPolicy
+from corral.network.events import EventLog, NetworkEvents
+from corral.network.policy import NetworkPolicy, Phase
 from corral.network.probe import DISCARD_PORT, forbidden_probe
 from corral.network.resolve import Resolution, needs_dns
 from corral.network.targets import EntryType, IPAddress
@@ -33,6 +35,7 @@ from corral.providers.docker import snapshots
 from corral.providers.docker.channel import ChannelExecutor
 from corral.providers.docker.enforcement import apply_policy, probe_from_sandbox, resolve
 from corral.providers.docker.engine import Engine, call
+from corral.providers.docker.events import EventFeed
 from corral.providers.docker.executor import Executor, PlainExecutor
 from corral.providers.docker.landing import SandboxFiles
 from corral.providers.docker.resources import remove_container
@@ -73,8 +76,14 @@ class DockerSession(EnvironmentSession):
         verified_runtimes: set[str],
         exec_channel: bool,
         snapshot_lifetime_s: float,
+        phase: Phase | None,
+        events: EventFeed,
     ) -> None:
         super().__init__(id=id, policy=policy)
+        self.phase = phase
+        #: refused attempts, fed by the reader in the holder (`providers.docker.events`)
+        self.feed = events
+        self.events: EventLog = events.log
         self.client = client
         self.tokens = tokens
         self.holder = holder
@@ -224,6 +233,34 @@ class DockerSession(EnvironmentSession):
         rows: list[list[str]] = top.get("Processes") or []
         return {row[column] for row in rows}
 
+    def network_events(self) -> NetworkEvents:
+        if self.feed.unavailable is not None:
+            raise FeatureUnsupported(
+                f"sandbox {self.id}: network_events are unavailable: {self.feed.unavailable}"
+            )
+        return self.events.snapshot()
+
+    async def _phase_changed(self) -> None:
+        """The same rules again, stamped with the new phase: one restore (a denylist's is
+        probed again; no other policy is)."""
+        if self.resolution is None:
+            return
+        try:
+            await apply_policy(
+                self.client.api,
+                self.tokens,
+                self.holder,
+                self.policy,
+                self.resolution,
+                probe_candidates=[],
+                phase=self.phase,
+                events=self.events,
+            )
+        except ProviderError as exc:
+            # The rules in force are whole (a failed restore keeps them); only the phase
+            # their refusals are stamped with is stale.
+            event(log, "warning", "relabelling events failed", sandbox=self.id, error=str(exc))
+
     async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
         try:
             await self._apply(policy)
@@ -285,6 +322,8 @@ class DockerSession(EnvironmentSession):
             policy,
             resolved,
             probe_candidates=[(self.gateway, DISCARD_PORT)],
+            phase=self.phase,
+            events=self.events,
         )
         self.resolution = resolved
         await self.check_runtime(policy)
@@ -298,7 +337,13 @@ class DockerSession(EnvironmentSession):
         if probe is None:
             return
         await probe_from_sandbox(
-            self.client.api, self.tokens, self.holder, self.sandbox, probe, self.runtime
+            self.client.api,
+            self.tokens,
+            self.holder,
+            self.sandbox,
+            probe,
+            self.runtime,
+            events=self.events,
         )
         self.verified_runtimes.add(self.runtime)
 
