@@ -124,6 +124,10 @@ class BaseEnvironment(abc.ABC):
         """Apply the matching recipe, resolve image and resources, check the schedule."""
         plan = self.recipes.apply(plan, self.id).resolved()
         self.network_capabilities().check_schedule(plan.network)
+        if plan.services:
+            self._require(
+                f"services (the plan names {', '.join(plan.services)})", self.supports_services
+            )
         return plan
 
     async def open(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
@@ -13,6 +14,9 @@ from corral.network.policy import NetworkSchedule
 
 ImageSource = Literal["native", "image", "task_image", "fallback_image"]
 IMAGE_PRIORITY: tuple[ImageSource, ...] = ("native", "image", "task_image", "fallback_image")
+#: A service's name: a DNS label short enough for a Kubernetes container name and a
+#: Docker container name suffix.
+SERVICE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?")
 
 
 class Resources(BaseModel):
@@ -53,6 +57,97 @@ class Timeouts(BaseModel):
     )
 
 
+def _mask_env_of(data: Any) -> Any:
+    """`data` (a model's raw input) with its `env` masked by its `public_env_names`."""
+    if not isinstance(data, Mapping):
+        return data
+    fields: Mapping[str, Any] = data  # pyright: ignore[reportUnknownVariableType]
+    env: Any = fields.get("env")
+    public: Any = fields.get("public_env_names", ())
+    if not isinstance(env, Mapping) or not isinstance(public, Collection):
+        return fields
+    masked: dict[str, Any] = masked_env(env, public)  # pyright: ignore[reportUnknownArgumentType]
+    return {**fields, "env": masked}
+
+
+def _check_env_names(value: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
+    for name in value:
+        if not name or "=" in name or "\0" in name:
+            raise ValueError(f"environment variable name {name!r} is not valid")
+    return value
+
+
+class Healthcheck(BaseModel):
+    """A command run inside a service until it exits 0: `open()` returns only once every
+    service with one is healthy (within `timeouts.startup_s`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    test: list[str] | str = Field(
+        description="a list runs without a shell, a string through `sh -c`"
+    )
+    interval_s: float = Field(default=0.5, gt=0, description="seconds between attempts")
+    timeout_s: float = Field(default=10.0, gt=0, description="seconds one attempt may take")
+    retries: int = Field(default=120, ge=1, description="failed attempts after which open() fails")
+    start_period_s: float = Field(default=0.0, ge=0, description="seconds before the first attempt")
+
+    @field_validator("test")
+    @classmethod
+    def _test(cls, value: list[str] | str) -> list[str] | str:
+        if (isinstance(value, str) and not value.strip()) or (
+            isinstance(value, list) and (not value or any("\0" in a for a in value))
+        ):
+            raise ValueError(f"healthcheck test {value!r} must be a non-empty command")
+        return value
+
+    def argv(self) -> list[str]:
+        return ["sh", "-c", self.test] if isinstance(self.test, str) else list(self.test)
+
+
+class ServiceSpec(BaseModel):
+    """A container beside the sandbox (a database, a web app, a grader): it shares the
+    sandbox's network namespace, so both reach each other on localhost, and its policy.
+    `exec(..., service=name)` and the file calls with `service=name` reach it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+    image: str
+    command: list[str] | None = Field(
+        default=None, description="replaces the image's command; None: the image's own"
+    )
+    env: dict[str, str | SecretStr] = Field(
+        default={}, description="its processes' environment; secret-looking names are masked"
+    )
+    public_env_names: frozenset[str] = frozenset()
+    healthcheck: Healthcheck | None = None
+    resources: Resources = Resources()
+    workdir: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mask_env_first(cls, data: Any) -> Any:
+        return _mask_env_of(data)
+
+    @field_validator("image")
+    @classmethod
+    def _image_name(cls, value: str) -> str:
+        if not value.strip() or any(c.isspace() for c in value):
+            raise ValueError(f"service image {value!r} must be a non-empty name without whitespace")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
+        return _check_env_names(value)
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"service workdir {value!r} must be an absolute path")
+        return value
+
+
 class ExecutionPlan(BaseModel):
     """Everything a provider needs to open one sandbox. Derive with `model_copy(update=...)`.
 
@@ -90,6 +185,11 @@ class ExecutionPlan(BaseModel):
     tags: tuple[str, ...] = ()
     benchmark: str | None = None
     task_id: str | None = None
+    services: dict[str, ServiceSpec] = Field(
+        default={},
+        description="containers beside the sandbox, by name, under its network namespace "
+        "and policy (providers declaring `supports_services`)",
+    )
 
     @field_validator("image", "task_image", "fallback_image")
     @classmethod
@@ -101,9 +201,17 @@ class ExecutionPlan(BaseModel):
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
+        return _check_env_names(value)
+
+    @field_validator("services")
+    @classmethod
+    def _service_names(cls, value: dict[str, ServiceSpec]) -> dict[str, ServiceSpec]:
         for name in value:
-            if not name or "=" in name or "\0" in name:
-                raise ValueError(f"environment variable name {name!r} is not valid")
+            if not SERVICE_NAME.fullmatch(name):
+                raise ValueError(
+                    f"service name {name!r} must be 1-32 of [a-z0-9-], starting and ending "
+                    "with a letter or digit"
+                )
         return value
 
     @model_validator(mode="before")
@@ -111,15 +219,7 @@ class ExecutionPlan(BaseModel):
     def _mask_env_first(cls, data: Any) -> Any:
         # Before any field is checked: an error, here or in a model holding a plan, shows
         # its input, and that input must already be masked.
-        if not isinstance(data, Mapping):
-            return data
-        fields: Mapping[str, Any] = data  # pyright: ignore[reportUnknownVariableType]
-        env: Any = fields.get("env")
-        public: Any = fields.get("public_env_names", ())
-        if not isinstance(env, Mapping) or not isinstance(public, Collection):
-            return fields
-        masked: dict[str, Any] = masked_env(env, public)  # pyright: ignore[reportUnknownArgumentType]
-        return {**fields, "env": masked}
+        return _mask_env_of(data)
 
     def _mask_env(self) -> Self:
         object.__setattr__(self, "env", masked_env(self.env, self.public_env_names))

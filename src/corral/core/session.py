@@ -109,6 +109,8 @@ class ExecRequest:
     on_output: OutputCallback | None = None
     #: bytes of each stream kept (head and tail)
     output_limit: int = DEFAULT_OUTPUT_LIMIT
+    #: the plan's service the command runs in; None: the sandbox itself
+    service: str | None = None
 
 
 def _cwd(cwd: object) -> str | None:
@@ -208,6 +210,8 @@ class EnvironmentSession(abc.ABC):
         self.owned: AsyncExitStack | None = None
         self.closed = False
         self.image: str = ""
+        #: names of the plan's services running beside the sandbox (`service=` reaches one)
+        self.services: tuple[str, ...] = ()
         #: bounds, in seconds, on how long a resolved hostname is trusted before it is
         #: resolved again (its TTL, clamped into this range)
         self.refresh_bounds_s: tuple[float, float] = (2.0, 60.0)
@@ -226,13 +230,15 @@ class EnvironmentSession(abc.ABC):
         timeout: float | None = None,
         stdin: str | bytes | None = None,
         on_output: OutputCallback | None = None,
+        service: str | None = None,
     ) -> ExecResult:
         """Run `command` in the sandbox (the contract is in this module's docstring).
 
         `cwd` is relative to the session's working directory (or absolute); `env` is added
         to the session's environment; `user` None is the session's user; `timeout` None is
         the session's `default_timeout`; `on_output(stream, text)` (sync or async) gets the
-        output while the command runs. Final: providers implement `_exec(request)`.
+        output while the command runs; `service` names one of the plan's services to run
+        in instead of the sandbox. Final: providers implement `_exec(request)`.
         """
         # Every check and default, once for every provider; a bad value raises a
         # `ValueError` (a `ConfigError` but for the command) naming it, never an env value.
@@ -245,6 +251,7 @@ class EnvironmentSession(abc.ABC):
             stdin=_stdin(stdin),
             on_output=_callback(on_output),
             output_limit=self.output_limit,
+            service=self.service_name(service),
         )
         try:
             result = await self._exec(request)
@@ -267,6 +274,7 @@ class EnvironmentSession(abc.ABC):
             "exec",
             sandbox=self.id,
             program=request.args[0],
+            service=request.service,
             cwd=request.cwd,
             user=request.user,
             env=",".join(sorted(request.env)),
@@ -279,28 +287,50 @@ class EnvironmentSession(abc.ABC):
         """Provider hook: run `request` under the contract of `exec`, whose arguments it
         holds already checked and normalized."""
 
+    def service_name(self, service: object) -> str | None:
+        """`service` checked against the plan's services (None: the sandbox itself)."""
+        if service is None or (isinstance(service, str) and service in self.services):
+            return service
+        env = self.environment
+        if env is not None and not env.supports_services:
+            raise FeatureUnsupported(
+                f"provider {env.id!r} has no services (service={service!r} was given)"
+            )
+        known = ", ".join(self.services) or "none"
+        raise ConfigError(f"session {self.id!r} has no service {service!r} (services: {known})")
+
+    # The file calls: `service` names one of the plan's services instead of the sandbox
+    # (providers check it with `service_name`).
     @abc.abstractmethod
-    async def upload(self, local: str | Path, remote: str) -> None: ...
+    async def upload(
+        self, local: str | Path, remote: str, *, service: str | None = None
+    ) -> None: ...
 
     @abc.abstractmethod
-    async def download(self, remote: str, local: str | Path) -> None: ...
+    async def download(
+        self, remote: str, local: str | Path, *, service: str | None = None
+    ) -> None: ...
 
     @abc.abstractmethod
-    async def upload_dir(self, local_dir: str | Path, remote_dir: str) -> None: ...
+    async def upload_dir(
+        self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
+    ) -> None: ...
 
     @abc.abstractmethod
-    async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None: ...
+    async def download_dir(
+        self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
+    ) -> None: ...
 
-    async def write_text(self, path: str, text: str) -> None:
+    async def write_text(self, path: str, text: str, *, service: str | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix="corral-") as tmp:
             local = Path(tmp) / "file"
             await anyio.Path(local).write_text(text, encoding="utf-8")
-            await self.upload(local, path)
+            await self.upload(local, path, service=service)
 
-    async def read_text(self, path: str) -> str:
+    async def read_text(self, path: str, *, service: str | None = None) -> str:
         with tempfile.TemporaryDirectory(prefix="corral-") as tmp:
             local = Path(tmp) / "file"
-            await self.download(path, local)
+            await self.download(path, local, service=service)
             data = await anyio.Path(local).read_bytes()
         return data.decode("utf-8", errors="replace")
 

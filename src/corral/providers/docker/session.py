@@ -160,12 +160,14 @@ class DockerSession(EnvironmentSession):
             raise ProviderError(f"sandbox path {path!r} vanished while it was created")
         return resolved
 
-    async def upload(self, local: str | Path, remote: str) -> None:
+    async def upload(self, local: str | Path, remote: str, *, service: str | None = None) -> None:
+        self.service_name(service)
         target = self._absolute(remote)
         parent, name = posixpath.split(target)
         await self._put(await self._upload_root(parent), pack_file(local, name))
 
-    async def download(self, remote: str, local: str | Path) -> None:
+    async def download(self, remote: str, local: str | Path, *, service: str | None = None) -> None:
+        self.service_name(service)
         source = self._absolute(remote)
         stream = await self._get(source)
         try:
@@ -175,12 +177,18 @@ class DockerSession(EnvironmentSession):
             # left open (a refused or failed extraction), every later call hangs.
             stream.close()
 
-    async def upload_dir(self, local_dir: str | Path, remote_dir: str) -> None:
+    async def upload_dir(
+        self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
+    ) -> None:
+        self.service_name(service)
         target = self._absolute(remote_dir)
         await call(self.tokens, validate_dir, local_dir)
         await self._put(await self._upload_root(target), pack_dir(local_dir))
 
-    async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None:
+    async def download_dir(
+        self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
+    ) -> None:
+        self.service_name(service)
         source = self._absolute(remote_dir)
         stream = await self._get(source)
         name = posixpath.basename(source.rstrip("/")) or "."

@@ -168,26 +168,31 @@ class KubernetesSession(EnvironmentSession):
         if code != 0:
             raise ProviderError(f"unpacking into {directory!r} failed: {stderr.text().strip()}")
 
-    async def upload(self, local: str | Path, remote: str) -> None:
+    async def upload(self, local: str | Path, remote: str, *, service: str | None = None) -> None:
+        self.service_name(service)
         target = self._absolute(remote)
         parent, name = posixpath.split(target)
         await self._stream_in(parent, pack_file(local, name), root=False)
 
-    async def upload_dir(self, local_dir: str | Path, remote_dir: str) -> None:
+    async def upload_dir(
+        self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
+    ) -> None:
         """Unpacked by the Pod's `tar`, which a root workload can replace: what lands
         where is then its choice. Against links it planted, the root may not be one and
         members replace links at their places; the parents of the root are followed as
         the Pod resolves them (the image's own `/bin -> usr/bin` among them).
         """
+        self.service_name(service)
         await anyio.to_thread.run_sync(validate_dir, local_dir)
         await self._stream_in(self._absolute(remote_dir), pack_dir(local_dir), root=True)
 
-    async def download(self, remote: str, local: str | Path) -> None:
+    async def download(self, remote: str, local: str | Path, *, service: str | None = None) -> None:
         """Read the file in ranges, each checked against the size the Pod reported.
 
         Released kubernetes clients can drop the tail of a large exec stream; a short
         range is read again rather than written short.
         """
+        self.service_name(service)
         source = self._absolute(remote)
         sized = await self.exec(["sh", "-c", _SIZE, "sh", source])
         if sized.returncode == MISSING:
@@ -214,7 +219,10 @@ class KubernetesSession(EnvironmentSession):
 
         await call(self.target.tokens, copy)
 
-    async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None:
+    async def download_dir(
+        self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
+    ) -> None:
+        self.service_name(service)
         source = self._absolute(remote_dir)
         probe = await self.exec(["sh", "-c", '[ -d "$1" ] || exit 44', "sh", source])
         if probe.returncode == MISSING:

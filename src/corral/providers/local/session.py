@@ -98,7 +98,8 @@ class LocalSession(EnvironmentSession):
 
         return await self._shelf.write(self.id, (str(self.workspace),), fill)
 
-    async def upload(self, local: str | Path, remote: str) -> None:
+    async def upload(self, local: str | Path, remote: str, *, service: str | None = None) -> None:
+        self.service_name(service)
         target = self._path(remote)
 
         def copy() -> None:
@@ -107,7 +108,8 @@ class LocalSession(EnvironmentSession):
 
         await anyio.to_thread.run_sync(copy)
 
-    async def download(self, remote: str, local: str | Path) -> None:
+    async def download(self, remote: str, local: str | Path, *, service: str | None = None) -> None:
+        self.service_name(service)
         source = self._existing(remote)
         if source.is_dir():
             raise IsADirectoryError(f"sandbox path {remote!r} is a directory")
@@ -118,23 +120,31 @@ class LocalSession(EnvironmentSession):
 
         await anyio.to_thread.run_sync(copy)
 
-    async def write_text(self, path: str, text: str) -> None:
+    async def write_text(self, path: str, text: str, *, service: str | None = None) -> None:
+        self.service_name(service)
         target = self._path(path)
         await anyio.Path(target.parent).mkdir(parents=True, exist_ok=True)
         await anyio.Path(target).write_text(text, encoding="utf-8")
 
-    async def read_text(self, path: str) -> str:
+    async def read_text(self, path: str, *, service: str | None = None) -> str:
+        self.service_name(service)
         source = self._existing(path)
         if source.is_dir():
             raise IsADirectoryError(f"sandbox path {path!r} is a directory")
         data = await anyio.Path(source).read_bytes()
         return data.decode("utf-8", errors="replace")
 
-    async def upload_dir(self, local_dir: str | Path, remote_dir: str) -> None:
+    async def upload_dir(
+        self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
+    ) -> None:
+        self.service_name(service)
         target = self._path(remote_dir)
         await anyio.to_thread.run_sync(lambda: extract_tar(pack_dir(local_dir), target))
 
-    async def download_dir(self, remote_dir: str, local_dir: str | Path) -> None:
+    async def download_dir(
+        self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
+    ) -> None:
+        self.service_name(service)
         source = self._existing(remote_dir)
         if not source.is_dir():
             raise NotADirectoryError(f"sandbox path {remote_dir!r} is not a directory")
