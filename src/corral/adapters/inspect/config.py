@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from corral.compose import plan_from_compose
 from corral.core.plan import ExecutionPlan
 from corral.workspace.options import BindingConfig
 
@@ -44,9 +45,12 @@ class CorralSandboxConfig(BaseModel):
 
 
 def load_config(config: BaseModel | str | None) -> CorralSandboxConfig:
-    """The config Inspect hands over: the model itself, its dict form, or a JSON file path."""
+    """The config Inspect hands over: the model itself, its dict form, a JSON file path, or
+    a compose file (`.yaml`/`.yml`: the docker provider, the file read by `corral.compose`)."""
     if isinstance(config, CorralSandboxConfig):
         return config
+    if isinstance(config, str) and Path(config).suffix in (".yaml", ".yml"):
+        return CorralSandboxConfig(plan=plan_from_compose(config))
     if isinstance(config, str):
         return CorralSandboxConfig.model_validate_json(Path(config).read_text(encoding="utf-8"))
     if config is None:

@@ -32,10 +32,12 @@ _CHECK = (
 )
 
 
-async def write_file(session: EnvironmentSession, file: str, contents: str | bytes) -> None:
+async def write_file(
+    session: EnvironmentSession, file: str, contents: str | bytes, *, service: str | None = None
+) -> None:
     data = contents.encode("utf-8") if isinstance(contents, str) else contents
     result = await session.exec(
-        [SHELL, "-c", _WRITE, "sh", file], stdin=data, timeout=WRITE_TIMEOUT_S
+        [SHELL, "-c", _WRITE, "sh", file], stdin=data, timeout=WRITE_TIMEOUT_S, service=service
     )
     if result.timed_out:
         raise TimeoutError(f"writing {file!r} took longer than {WRITE_TIMEOUT_S} s")
@@ -49,20 +51,22 @@ async def write_file(session: EnvironmentSession, file: str, contents: str | byt
     raise RuntimeError(f"writing {file!r} in the sandbox failed: {message}")
 
 
-async def read_file(session: EnvironmentSession, file: str) -> bytes:
-    size = await _readable_size(session, file)
+async def read_file(session: EnvironmentSession, file: str, *, service: str | None = None) -> bytes:
+    size = await _readable_size(session, file, service)
     if size > SandboxEnvironmentLimits.MAX_READ_FILE_SIZE:
         raise OutputLimitExceededError(
             SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, truncated_output=None
         )
     with tempfile.TemporaryDirectory(prefix="corral-inspect-") as tmp:
         local = Path(tmp) / "file"
-        await session.download(file, local)
+        await session.download(file, local, service=service)
         return await anyio.Path(local).read_bytes()
 
 
-async def _readable_size(session: EnvironmentSession, file: str) -> int:
-    result = await session.exec([SHELL, "-c", _CHECK, "sh", file], timeout=CHECK_TIMEOUT_S)
+async def _readable_size(session: EnvironmentSession, file: str, service: str | None) -> int:
+    result = await session.exec(
+        [SHELL, "-c", _CHECK, "sh", file], timeout=CHECK_TIMEOUT_S, service=service
+    )
     verdict = result.stdout.split()
     if result.returncode != 0 or not verdict:
         raise RuntimeError(f"checking {file!r} in the sandbox failed: {result.stderr.strip()}")

@@ -10,6 +10,10 @@ provider that answers.
 Inspect has no phase hooks, so the plan's `baseline` policy is in force from the start;
 a solver or scorer switches with `await sandbox().as_type(CorralSandboxEnvironment)
 .set_phase("run")`.
+
+The plan's services are named sandboxes beside `default` (`sandbox("db")`): views of the
+same session, under the same policy, whose calls run in that service. A compose file given
+as the config (`sandbox=("corral", "compose.yaml")`) is read by `corral.compose`.
 """
 
 from __future__ import annotations
@@ -72,10 +76,17 @@ async def _close(task_name: str, session: EnvironmentSession) -> None:
 class CorralSandboxEnvironment(SandboxEnvironment):
     """A corral session seen through Inspect's `SandboxEnvironment` contract."""
 
-    def __init__(self, session: EnvironmentSession, schedule: NetworkSchedule) -> None:
+    def __init__(
+        self,
+        session: EnvironmentSession,
+        schedule: NetworkSchedule,
+        service: str | None = None,
+    ) -> None:
         super().__init__()
         self.session = session
         self.schedule = schedule
+        #: the plan's service this sandbox is (None: the sandbox itself, `default`)
+        self.service = service
 
     async def set_phase(self, phase: Phase) -> None:
         """Apply the plan's policy for `phase` (only where the provider can switch).
@@ -94,6 +105,11 @@ class CorralSandboxEnvironment(SandboxEnvironment):
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
         cfg = load_config(config)
+        if "default" in cfg.plan.services:
+            raise ValueError(
+                "a corral service cannot be named 'default': Inspect's default sandbox is the "
+                "plan's own"
+            )
         provider(cfg).prepare(cfg.plan)  # provider config, recipes and schedule, checked once
 
     @classmethod
@@ -114,7 +130,8 @@ class CorralSandboxEnvironment(SandboxEnvironment):
             await _close(task_name, session)
             raise
         _bound[session.id] = bound
-        return {"default": cls(session, cfg.plan.network)}
+        services = {name: cls(session, cfg.plan.network, name) for name in session.services}
+        return {"default": cls(session, cfg.plan.network), **services}
 
     @classmethod
     async def sample_cleanup(
@@ -180,7 +197,7 @@ class CorralSandboxEnvironment(SandboxEnvironment):
     ) -> ExecResult[str]:
         try:
             result = await self.session.exec(
-                cmd, cwd=cwd, env=env, user=user, timeout=timeout, stdin=input
+                cmd, cwd=cwd, env=env, user=user, timeout=timeout, stdin=input, service=self.service
             )
         except ExecUserUnsupported as exc:
             raise SandboxUserUnsupportedError(str(exc)) from exc
@@ -190,7 +207,7 @@ class CorralSandboxEnvironment(SandboxEnvironment):
 
     @override
     async def write_file(self, file: str, contents: str | bytes) -> None:
-        await write_file(self.session, file, contents)
+        await write_file(self.session, file, contents, service=self.service)
 
     @overload
     async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
@@ -200,9 +217,13 @@ class CorralSandboxEnvironment(SandboxEnvironment):
 
     @override
     async def read_file(self, file: str, text: bool = True) -> str | bytes:
-        data = await read_file(self.session, file)
+        data = await read_file(self.session, file, service=self.service)
         return data.decode("utf-8") if text else data
 
     @override
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
+        if self.service is not None:
+            raise NotImplementedError(
+                f"corral offers no attach command for service {self.service!r}"
+            )
         return connection(self.session, user)

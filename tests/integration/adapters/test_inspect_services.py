@@ -1,0 +1,75 @@
+"""A compose task with a service, run by Inspect through the `corral` sandbox: the service
+is a named sandbox beside `default`, on the same localhost and under the same policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from inspect_ai import Task, eval  # pyright: ignore[reportUnknownVariableType]
+from inspect_ai.dataset import Sample
+from inspect_ai.scorer import includes
+from inspect_ai.solver import Generate, Solver, TaskState, solver
+from inspect_ai.util import SandboxEnvironmentSpec, sandbox
+
+from corral.adapters.inspect import CorralSandboxConfig
+from corral.adapters.inspect.config import load_config
+from corral.compose import plan_from_compose
+from tests.integration.adapters.inspect_configs import DOCKER
+from tests.integration.docker.conftest import TEST_IMAGE
+
+pytestmark = pytest.mark.docker
+
+COMPOSE = f"""
+services:
+  default:
+    image: {TEST_IMAGE}
+    command: sleep infinity
+  web:
+    image: {TEST_IMAGE}
+    command: ["python3", "-m", "http.server", "8080", "--bind", "127.0.0.1", "--directory", "/srv"]
+    healthcheck:
+      test: ["CMD", "python3", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8080/')"]
+      interval: 200ms
+      retries: 100
+"""
+
+FETCH = (
+    "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/flag.txt').read().decode())"
+)
+
+
+@solver
+def fetch_from_the_service() -> Solver:
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        await sandbox("web").write_file("/srv/flag.txt", "served-by-web")
+        listed = await sandbox("web").exec(["ls", "/srv"])
+        fetched = await sandbox().exec(["python3", "-c", FETCH])
+        state.output.completion = f"{listed.stdout.strip()} {fetched.stdout.strip()}"
+        return state
+
+    return solve
+
+
+def test_compose_services_are_named_sandboxes(engine: Any, owner: str, tmp_path: Path) -> None:
+    path = tmp_path / "compose.yaml"
+    path.write_text(COMPOSE)
+    assert load_config(str(path)).plan == plan_from_compose(path)
+    config = CorralSandboxConfig(
+        provider="docker",
+        provider_config={**DOCKER, "owner": owner},
+        plan=plan_from_compose(path),
+    )
+    task = Task(
+        dataset=[Sample(input="fetch", target="flag.txt served-by-web")],
+        solver=fetch_from_the_service(),
+        scorer=includes(),
+        sandbox=SandboxEnvironmentSpec("corral", config),
+    )
+    [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path), display="none")
+    assert log.status == "success", log.error
+    assert log.results is not None
+    assert log.results.scores[0].metrics["accuracy"].value == 1.0
+    selector = {"label": f"corral.owner={owner}"}
+    assert engine.containers.list(all=True, filters=selector) == []
