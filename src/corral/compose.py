@@ -3,7 +3,8 @@
 One service is the sandbox (the one named `main_service`, else the one marked
 `x-default: true`, else the one named `default`, else the first); the others become
 `ExecutionPlan.services`. Of each service only what a plan can carry is read: `image`,
-`command`, `environment`, `working_dir`, `healthcheck` (services only). Anything else —
+`command`, `environment`, `working_dir`, `healthcheck` (services only), and `depends_on`,
+which `open()` satisfies by returning only once every healthcheck passed. Anything else —
 builds, ports, volumes, networks, capabilities, a `network_mode` — changes what the
 sandbox is or may reach, so it is refused with an error naming the key and the service,
 never silently dropped. The network policy comes from the plan's schedule, not the file.
@@ -23,6 +24,9 @@ from corral.core.plan import ExecutionPlan, Healthcheck
 from corral.errors import ConfigError
 
 SERVICE_KEYS = frozenset({"image", "command", "environment", "working_dir", "healthcheck"})
+#: keys read and satisfied without a plan field: the sandbox marker, and start order
+#: (`open()` returns once every service's healthcheck passed)
+ACCEPTED_KEYS = frozenset({"x-default", "depends_on"})
 #: top-level keys that carry nothing a plan would need
 IGNORED_TOP = frozenset({"version", "name"})
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(us|ms|s|m|h)")
@@ -104,7 +108,7 @@ def _main(named: Mapping[str, Mapping[str, Any]], chosen: str | None, where: str
 
 
 def _fields(name: str, spec: Mapping[str, Any], where: str) -> dict[str, Any]:
-    unknown = sorted(str(k) for k in spec if k not in SERVICE_KEYS and k != "x-default")
+    unknown = sorted(str(k) for k in spec if k not in SERVICE_KEYS and k not in ACCEPTED_KEYS)
     if unknown:
         raise ConfigError(
             f"{where}: service {name!r} sets {', '.join(unknown)}, which corral cannot read "

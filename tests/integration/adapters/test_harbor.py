@@ -1,8 +1,9 @@
 """corral's `docker` provider behind Harbor: Harbor's own `harbor run`, on local tasks.
 
-`harbor_tasks/` holds two tasks (see its README): one whose agent must reach an allowed
-host, one whose agent and verifier must not reach a forbidden one. The oracle agent must
-score 1 on both and the no-op agent 0; nothing corral created may be left. Harbor needs
+`harbor_tasks/` holds three tasks (see its README): one whose agent must reach an allowed
+host, one whose agent and verifier must not reach a forbidden one, and a compose task with
+a web service beside the sandbox. The oracle agent must score 1 on each and the no-op
+agent 0; nothing corral created may be left. Harbor needs
 Python >= 3.12: in the project's 3.11 environment this module skips with that reason, and
 `tests/run.sh` runs it again in its Python 3.12 stage (`.venv-3.12`, every extra).
 """
@@ -94,8 +95,8 @@ def test_harbor_run_scores(
     agent: str,
     expected: float,
 ) -> None:
-    results = harbor_run(owner, TASKS, agent, tmp_path, n_tasks=2)
-    for name in ("allowed-host", "forbidden-host"):
+    results = harbor_run(owner, TASKS, agent, tmp_path, n_tasks=3)
+    for name in ("allowed-host", "forbidden-host", "two-services"):
         result = results[name]
         assert result["exception_info"] is None, explain(result)
         assert reward(result) == expected, f"{name}: {explain(result)}"

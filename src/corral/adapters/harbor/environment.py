@@ -1,6 +1,9 @@
 """`CorralEnvironment`: a Harbor environment whose sandbox is a corral session.
 
 `define(contract)` builds the class on the Harbor contract it is given (`contract.load()`).
+A task's `environment/docker-compose.yaml` is read by `corral.compose` (its `main` service
+is the sandbox, built as a single-container task's would be; the others are corral
+services) where the provider has services; Harbor's per-service calls reach them.
 Harbor constructs one per trial (and one per separate verifier environment): `__init__`
 validates the kwargs, the provider config and every phase policy against what the
 provider enforces (fail closed, before anything starts); `start()` opens the session
@@ -12,9 +15,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import anyio
+import yaml
 
 from corral.adapters.harbor.config import HarborEnvironmentConfig
 from corral.adapters.harbor.contract import Contract
@@ -27,12 +31,18 @@ from corral.adapters.harbor.mapping import (
     gpu_capable,
     shell_command,
 )
+from corral.compose import plan_from_compose
 from corral.core.environment import ENVIRONMENTS, BaseEnvironment
 from corral.core.plan import ExecutionPlan, Resources, Timeouts
 from corral.core.session import EnvironmentSession, Stream
 from corral.network.policy import NetworkPolicy
 
 log = logging.getLogger("corral.adapters.harbor")
+
+#: Harbor's name for the agent's service (`harbor.constants.MAIN_SERVICE_NAME`).
+MAIN_SERVICE = "main"
+#: Keys Harbor's compose tasks put on `main` that the adapter provides itself.
+HARBOR_KEYS = ("build",)
 
 #: Providers by their (provider, provider_config), so trials share one engine client.
 _providers: dict[str, BaseEnvironment] = {}
@@ -81,12 +91,12 @@ def define(hb: Contract) -> type[Any]:
 
         @property
         def capabilities(self) -> Any:
-            provider_cls = ENVIRONMENTS.get(self.options.provider)
+            provider_cls = self._provider_cls()
             return hb.EnvironmentCapabilities(
                 **capability_flags(provider_cls),
                 gpus=gpu_capable(provider_cls),
                 mounted=False,
-                docker_compose=False,
+                docker_compose=provider_cls.supports_services,
                 windows=False,
                 stream=False,
             )
@@ -105,10 +115,11 @@ def define(hb: Contract) -> type[Any]:
 
         def _validate_definition(self) -> None:
             env_dir = Path(self.environment_dir)
-            if (env_dir / "docker-compose.yaml").exists():
+            compose = env_dir / "docker-compose.yaml"
+            if compose.exists() and not self._provider_cls().supports_services:
                 raise ValueError(
-                    f"{env_dir / 'docker-compose.yaml'}: multi-container tasks need corral "
-                    "services, which corral does not have yet"
+                    f"{compose}: a multi-container task needs a corral provider with "
+                    f"services; {self.options.provider!r} has none"
                 )
             if self.options.image or self.task_env_config.docker_image:
                 return
@@ -129,7 +140,7 @@ def define(hb: Contract) -> type[Any]:
             if not self.options.image and not cfg.docker_image:
                 native = {"build_context": str(self.environment_dir), "dockerfile": "Dockerfile"}
             limit = hb.ResourceMode.LIMIT
-            return ExecutionPlan(
+            plan = ExecutionPlan(
                 image=self.options.image,
                 native=native,
                 task_image=cfg.docker_image,
@@ -146,6 +157,11 @@ def define(hb: Contract) -> type[Any]:
                 benchmark="harbor",
                 task_id=self.environment_name,
             )
+            compose = Path(self.environment_dir) / "docker-compose.yaml"
+            return plan if not compose.exists() else compose_plan(compose, plan)
+
+        def _provider_cls(self) -> type[BaseEnvironment]:
+            return ENVIRONMENTS.get(self.options.provider)
 
         def _live(self) -> EnvironmentSession:
             if self._session is None or self._session.closed:
@@ -188,6 +204,47 @@ def define(hb: Contract) -> type[Any]:
             timeout_sec: int | None = None,
             user: str | int | None = None,
         ) -> Any:
+            return await self._exec_in(None, command, cwd, env, timeout_sec, user)
+
+        async def service_exec(
+            self,
+            command: str,
+            *,
+            service: str | None = None,
+            cwd: str | None = None,
+            env: dict[str, str] | None = None,
+            timeout_sec: int | None = None,
+            user: str | int | None = None,
+        ) -> Any:
+            return await self._exec_in(_sidecar(service), command, cwd, env, timeout_sec, user)
+
+        async def service_download_file(
+            self, source_path: str, target_path: Path | str, *, service: str | None = None
+        ) -> None:
+            await self._live().download(source_path, target_path, service=_sidecar(service))
+
+        async def service_download_dir(
+            self, source_dir: str, target_dir: Path | str, *, service: str | None = None
+        ) -> None:
+            await self._live().download_dir(source_dir, target_dir, service=_sidecar(service))
+
+        async def stop_service(self, service: str) -> None:
+            """The main service: every process the agent left is killed (the sandbox and
+            its files stay for collection). A sidecar cannot be stopped alone."""
+            if _sidecar(service) is None:
+                await self._live().end_workload()
+                return
+            await super().stop_service(service)  # pyright: ignore[reportUnknownMemberType]
+
+        async def _exec_in(
+            self,
+            service: str | None,
+            command: str,
+            cwd: str | None,
+            env: dict[str, str] | None,
+            timeout_sec: int | None,
+            user: str | int | None,
+        ) -> Any:
             callback = self._output_callback()
 
             async def relay(stream: Stream, text: str) -> None:
@@ -201,6 +258,7 @@ def define(hb: Contract) -> type[Any]:
                 user=None if who is None else str(who),
                 timeout=timeout_sec,
                 on_output=None if callback is None else relay,
+                service=service,
             )
             return hb.ExecResult(**exec_fields(result, timeout_sec))
 
@@ -217,3 +275,23 @@ def define(hb: Contract) -> type[Any]:
             await self._live().download_dir(source_dir, target_dir)
 
     return CorralEnvironment
+
+
+def _sidecar(service: str | None) -> str | None:
+    """corral's service for Harbor's name: Harbor's main service is the sandbox itself."""
+    return None if service in (None, MAIN_SERVICE) else service
+
+
+def compose_plan(path: Path, plan: ExecutionPlan) -> ExecutionPlan:
+    """`plan` with the task's compose file read in: `main` is the sandbox, whose image the
+    task's Dockerfile or docker_image gives (its `build` and Harbor's start order, which
+    `open()` honours by waiting for every healthcheck, are Harbor's, not the plan's)."""
+    loaded: object = yaml.safe_load(path.read_text(encoding="utf-8"))
+    document = cast("dict[str, Any]", loaded) if isinstance(loaded, dict) else {}
+    services = cast("dict[str, Any]", document.get("services") or {})
+    main: object = services.get(MAIN_SERVICE) if isinstance(services, dict) else None  # pyright: ignore[reportUnnecessaryIsInstance]
+    if not isinstance(main, dict):
+        raise ValueError(f"{path}: a Harbor compose task needs a {MAIN_SERVICE!r} service")
+    fields = cast("dict[str, Any]", main)
+    services[MAIN_SERVICE] = {k: v for k, v in fields.items() if k not in HARBOR_KEYS}
+    return plan_from_compose(document, main_service=MAIN_SERVICE, base=plan)
