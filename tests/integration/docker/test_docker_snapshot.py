@@ -18,6 +18,9 @@ from corral import ExecutionPlan, NetworkPolicy, NetworkSchedule
 from corral.core.labels import EXPIRES_AT, OWNER, SESSION
 from corral.core.snapshot import SnapshotRef
 from corral.errors import ConfigError
+from corral.providers.docker import snapshots
+from corral.providers.docker.session import DockerSession
+from corral.providers.docker.snapshots import PART
 from corral.testing.servers import serve_tcp, stop_server
 from tests.integration.conftest import ALLOWED_IP
 from tests.integration.docker.conftest import TEST_IMAGE, leftovers, make_env
@@ -182,3 +185,47 @@ async def test_fork_of_an_unknown_snapshot_names_it(owner: str) -> None:
 def test_snapshot_lifetime_is_validated(owner: str) -> None:
     with pytest.raises(ValueError, match="snapshot_lifetime_s"):
         make_env(owner, snapshot_lifetime_s=0)
+
+
+@pytest.mark.parametrize("after_s", [0.05, 0.3])
+async def test_a_save_cancelled_while_the_files_are_exported_leaves_no_image(
+    engine: Any, owner: str, images: list[str], after_s: float
+) -> None:
+    # The export and import run in a worker thread the cancel waits for; the flat image it
+    # made is removed before the cancellation goes on.
+    env = make_env(owner)
+    async with env.session(plan("no-network")) as session:
+        await session.exec("head -c 20000000 /dev/urandom > /srv/blob")
+        before = {image["Id"] for image in engine.api.images(all=True)}
+        with anyio.move_on_after(after_s) as scope:
+            images.append((await session.save()).id)
+        assert scope.cancelled_caught, "the save finished before the cancel; export more"
+        after = {image["Id"] for image in engine.api.images(all=True)}
+        leaked = [engine.api.inspect_image(i)["Config"]["Labels"] for i in after - before]
+        assert leaked == [], "a cancelled save left images behind"
+
+
+async def test_a_save_cut_short_by_a_dead_harness_leaves_an_image_gc_takes(
+    engine: Any, owner: str, images: list[str]
+) -> None:
+    # A harness killed between the import of the sandbox's files and the commit leaves the
+    # flat image behind; it carries corral's labels (it used to carry none), so gc finds
+    # it once expired, by exact identity.
+    env = make_env(owner)
+    async with env.session(plan("no-network")) as session:
+        assert isinstance(session, DockerSession)
+        labels = {OWNER: owner, SESSION: session.id, EXPIRES_AT: "1", PART: "cut-short"}
+        made: list[str] = []
+        await anyio.to_thread.run_sync(
+            snapshots._flatten,  # pyright: ignore[reportPrivateUsage]
+            engine.api,
+            session.sandbox,
+            labels,
+            made,
+        )
+        images.extend(made)
+    assert engine.api.inspect_image(made[0])["Config"]["Labels"] == labels
+    removed = await env.gc()
+    assert "snapshot part cut-short" in removed
+    with pytest.raises(ImageNotFound):
+        engine.api.inspect_image(made[0])

@@ -28,6 +28,9 @@ from corral.providers.docker.engine import Engine, call, idempotent
 from corral.providers.docker.resources import ROLE, discard_container
 
 SNAPSHOT = "corral.snapshot"
+#: on the flat image a snapshot is committed from: removed with its snapshot, or by gc
+#: once expired when the save never got that far
+PART = "corral.snapshot-part"
 REPOSITORY = "corral.local/snapshot"
 
 
@@ -57,20 +60,26 @@ async def commit(
         SNAPSHOT: snapshot_id,
         ROLE: "snapshot",
     }
+    part_labels = {**{k: v for k, v in labels.items() if k != SNAPSHOT}, PART: snapshot_id}
     api = client.api
+    flat: list[str] = []
     try:
         container: dict[str, Any] = await idempotent(tokens, api.inspect_container, sandbox)
         source: dict[str, Any] = await idempotent(tokens, api.inspect_image, container["Image"])
-        flat = await call(tokens, _flatten, api, sandbox)
-        try:
-            await _commit_blank(client, tokens, flat, image_config(source["Config"] or {}, labels))
-        except BaseException:
-            # Once committed it is the snapshot's parent, removed with it; until then, ours.
-            with anyio.CancelScope(shield=True):
-                await _remove_image(client, tokens, flat)
-            raise
-    except APIError as exc:
-        raise ProviderError(f"saving sandbox {source_session} failed: {exc.explanation}") from None
+        # The worker thread is always waited for, also when the caller is cancelled: the
+        # flat image it made is then in `flat`, never lost with the call's return value.
+        await call(tokens, _flatten, api, sandbox, part_labels, flat)
+        await _commit_blank(client, tokens, flat[0], image_config(source["Config"] or {}, labels))
+    except BaseException as exc:
+        # Once committed it is the snapshot's parent, removed with it; until then, ours.
+        with anyio.CancelScope(shield=True):
+            for image in flat:
+                await _remove_image(client, tokens, image)
+        if isinstance(exc, APIError):
+            raise ProviderError(
+                f"saving sandbox {source_session} failed: {exc.explanation}"
+            ) from None
+        raise
     return SnapshotRef(
         provider="docker",
         id=snapshot_id,
@@ -99,14 +108,16 @@ async def _commit_blank(client: Engine, tokens: int, flat: str, config: dict[str
             await discard_container(client, tokens, blank["Id"])
 
 
-def _flatten(api: Engine, sandbox: str) -> str:
-    """The sandbox's filesystem, paused while it is read, as a new image (its id)."""
+def _flatten(api: Engine, sandbox: str, labels: dict[str, str], made: list[str]) -> None:
+    """The sandbox's filesystem, paused while it is read, as a new image labelled with
+    `labels` (its id appended to `made`)."""
+    changes = [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in labels.items()]
     api.pause(sandbox)
     try:
-        answer: str = api.import_image_from_stream(api.export(sandbox))
+        answer: str = api.import_image_from_stream(api.export(sandbox), changes=changes)
     finally:
         api.unpause(sandbox)
-    return str(json.loads(answer.strip().splitlines()[-1])["status"])
+    made.append(str(json.loads(answer.strip().splitlines()[-1])["status"]))
 
 
 async def _remove_image(client: Engine, tokens: int, image: str) -> None:
@@ -135,13 +146,16 @@ async def find(client: Engine, tokens: int, owner: str, ref: SnapshotRef) -> str
 async def collect_expired(client: Engine, tokens: int, owner: str, now: float) -> list[str]:
     """Remove `owner`'s snapshot images past their expiry (for `corral gc`); one a fork's
     container still uses stays until a later run."""
-    images: list[dict[str, Any]] = await idempotent(
-        tokens, client.api.images, filters={"label": [f"{OWNER}={owner}", SNAPSHOT]}
-    )
+    images: list[dict[str, Any]] = []
+    for kind in (SNAPSHOT, PART):
+        images += await idempotent(
+            tokens, client.api.images, filters={"label": [f"{OWNER}={owner}", kind]}
+        )
     removed: list[str] = []
     for image in images:
         labels: dict[str, str] = image.get("Labels") or {}
-        if not labels.get(SNAPSHOT) or not is_expired(labels, owner, now):
+        name = labels.get(SNAPSHOT) or labels.get(PART)
+        if not name or not is_expired(labels, owner, now):
             continue
         try:
             await idempotent(tokens, client.api.remove_image, image["Id"])
@@ -151,5 +165,5 @@ async def collect_expired(client: Engine, tokens: int, owner: str, now: float) -
             if exc.status_code != 409:  # in use by a container
                 raise
             continue
-        removed.append(f"snapshot {labels[SNAPSHOT]}")
+        removed.append(f"snapshot {name}" if SNAPSHOT in labels else f"snapshot part {name}")
     return removed
