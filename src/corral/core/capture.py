@@ -27,6 +27,9 @@ class Capture:
         return self._decoders[stream].decode(chunk)
 
     async def emit(self, stream: Stream, chunk: bytes) -> None:
+        if self.on_output is None:
+            self._out[stream].feed(chunk)  # nothing streams: no text to decode
+            return
         await emit(self.on_output, stream, self.feed(stream, chunk))
 
     async def finish(self) -> None:
