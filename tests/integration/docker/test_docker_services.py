@@ -16,6 +16,7 @@ from pydantic import SecretStr
 from corral import ConfigError, EnvironmentSession, ExecutionPlan, NetworkPolicy, ProviderError
 from corral.core.plan import Healthcheck, ServiceSpec, Timeouts
 from corral.providers.docker import DockerEnvironment
+from corral.providers.docker.pool import collect_idle
 from corral.testing.plugin import EgressTarget
 from tests.integration.docker.conftest import TEST_IMAGE, containers, leftovers, make_env
 
@@ -344,3 +345,23 @@ async def test_gc_removes_the_services_of_an_expired_session(engine: Any, owner:
     assert sorted(removed) == sorted([f"container {web}", f"network corral-{session.id}"])
     assert leftovers(engine, f"{owner}-gc") == []
     await env.close(session)
+
+
+async def test_a_warm_pool_hands_services_only_to_plans_that_name_them(
+    engine: Any, owner: str
+) -> None:
+    env = make_env(owner)
+    with_web = plan(web=WEB)
+    async with env.warm_pool(with_web, size_per_key=1) as pool:
+        await pool.ready()
+        async with env.session(ExecutionPlan(image=TEST_IMAGE)) as bare:
+            assert (pool.hits, pool.misses, bare.services) == (0, 1, ())
+        async with env.session(with_web) as warm:
+            assert (pool.hits, warm.services) == (1, ("web",))
+            assert "http.server" in (await warm.exec(["ps", "-eo", "args"], service="web")).stdout
+        await pool.ready()
+        # `corral gc` of an idle pooled sandbox takes its services too.
+        client = await env.client()
+        removed = await collect_idle(client, 4, env.config.owner, time.time() + 3600)
+        assert len(removed) == 1 and service_names(engine, owner) == []
+    assert leftovers(engine, owner) == []
