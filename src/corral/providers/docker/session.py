@@ -147,12 +147,13 @@ class DockerSession(EnvironmentSession):
         """In the sandbox through the exec channel or one engine exec per command
         (`executor.py`), the configured user standing in for None; in a service, one
         engine exec per command as its own user. The cwd is made absolute either way."""
-        target = self._container(request.service)
-        cwd = self._absolute(request.cwd, target) if request.cwd is not None else None
-        if target.service is None:
+        if request.service is None:
+            cwd = self._absolute(request.cwd) if request.cwd is not None else None
             return await self.executor.run(
                 replace(request, cwd=cwd, user=request.user or self.user)
             )
+        target = self._container(request.service)
+        cwd = self._absolute(request.cwd, target) if request.cwd is not None else None
         plain = PlainExecutor(self.client.api, self.tokens, target.id)
         try:
             return await plain.run(replace(request, cwd=cwd))
