@@ -15,6 +15,7 @@ from pydantic import SecretStr
 
 from corral import ConfigError, EnvironmentSession, ExecutionPlan, NetworkPolicy, ProviderError
 from corral.core.plan import Healthcheck, ServiceSpec, Timeouts
+from corral.errors import UnsafeArchiveMember
 from corral.providers.docker import DockerEnvironment
 from corral.providers.docker.pool import collect_idle
 from corral.testing.plugin import EgressTarget
@@ -206,6 +207,10 @@ async def test_exec_and_files_with_service_land_in_that_container(
         for call in calls.values():
             with pytest.raises(ConfigError, match="'nope'.*services: web"):
                 await call()
+        # A link planted in the service is refused as one planted in the sandbox is.
+        await session.exec(["ln", "-s", "/etc", "/srv/web/evil"], service="web")
+        with pytest.raises(UnsafeArchiveMember, match="/srv/web/evil"):
+            await session.write_text("/srv/web/evil/passwd", "x", service="web")
         # The main sandbox still answers as itself.
         assert (await session.exec(["pwd"])).stdout.strip() == "/"
 
