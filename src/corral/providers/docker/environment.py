@@ -10,10 +10,14 @@ process): the engine's labels name its containers, and the policy in force is re
 from the holder's kernel rules, which carry it (`network.policy_record`). `session.save()`
 commits the sandbox container to a local image (`snapshots`) that `fork` starts from.
 
+The plan's services are containers in the holder's namespace too (`services`), started
+once the baseline is in force; `exec(..., service=)` and the file calls reach them.
+
 Both containers end at the session's `corral.expires-at` and the engine removes them
 (auto-remove), with no corral process running: a SIGKILLed harness leaks only the
-network, which `corral gc` removes. The holder's timer is out of the workload's reach, so
-its network ends on time whatever the workload does to its own container's timer.
+network (and the services, which run their own commands), which `corral gc` removes. The
+holder's timer is out of the workload's reach, so its network ends on time whatever the
+workload does to its own container's timer.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ from typing import Any, ClassVar
 import anyio
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
-from docker.types import DeviceRequest
 
 from corral.core.blocking import limiter
 from corral.core.environment import BaseEnvironment
@@ -47,6 +50,7 @@ from corral.core.labels import (
 from corral.core.logs import event
 from corral.core.plan import ExecutionPlan
 from corral.core.redact import plain_env
+from corral.core.services import wait_healthy
 from corral.core.session import EnvironmentSession
 from corral.core.snapshot import SnapshotRef
 from corral.errors import ConfigError, NetworkPolicyNotEnforced, ProviderError, SessionIdTaken
@@ -83,6 +87,15 @@ from corral.providers.docker.resources import (
     remove_network,
     sandbox_name,
 )
+from corral.providers.docker.services import (
+    SERVICES,
+    find_services,
+    resource_limits,
+    running_service,
+    service_container,
+    service_names,
+    start_service,
+)
 from corral.providers.docker.session import DockerSession
 
 log = logging.getLogger("corral.docker")
@@ -114,6 +127,7 @@ class DockerEnvironment(BaseEnvironment):
     supports_reattach = True
     supports_snapshot = True
     supports_network_events = True
+    supports_services = True
     max_concurrent_opens = 16
 
     config: DockerConfig
@@ -274,9 +288,13 @@ class DockerEnvironment(BaseEnvironment):
             lifetime += pooling.max_idle_s
             extra |= pooling.labels()
             holder_names.insert(0, pooled_holder_name(sid))
+        if plan.services:
+            extra[SERVICES] = ",".join(plan.services)
         labels = session_labels(cfg.owner, sid, lifetime, extra)
         image = await self._image(client, plan)
         await self._ensure_image(client, cfg.holder_image)
+        for spec in plan.services.values():
+            await self._ensure_image(client, spec.image)
         network = await self._make_network(client, owned, sid, labels)
         holder = await self._start_holder(client, owned, sid, network, labels, holder_names)
         # Before any rule logs: every refusal from the baseline's on is read.
@@ -304,6 +322,7 @@ class DockerEnvironment(BaseEnvironment):
             await session.check_runtime(plan.network.baseline)
         except NetworkPolicyNotEnforced as exc:
             raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
+        await self._start_services(client, owned, session, plan, labels)
         return session
 
     async def _make_network(
@@ -453,9 +472,6 @@ class DockerEnvironment(BaseEnvironment):
         tokens = cfg.max_workers
         sandbox = sandbox_name(sid)
         owned.push_async_callback(remove_container, client, tokens, sandbox, sid)
-        resources = plan.resources
-        cpu = resources.cpu or cfg.default_cpu
-        memory = resources.memory_mb or cfg.default_memory_mb
         host_config = client.api.create_host_config(
             network_mode=f"container:{holder_id}",
             cap_drop=["ALL"],
@@ -464,14 +480,9 @@ class DockerEnvironment(BaseEnvironment):
             init=True,
             auto_remove=True,
             pids_limit=cfg.pids_limit,
-            mem_limit=f"{memory}m" if memory else None,
-            nano_cpus=int(cpu * 1e9) if cpu else None,
-            device_requests=[DeviceRequest(count=resources.gpus, capabilities=[["gpu"]])]
-            if resources.gpus
-            else None,
-            storage_opt={"size": f"{resources.disk_mb}M"} if resources.disk_mb else None,
             binds=[*cfg.mounts, *cfg.unsafe_mounts] or None,
             runtime=cfg.runtime,
+            **resource_limits(plan.resources, cfg),
         )
         try:
             await call(
@@ -504,6 +515,30 @@ class DockerEnvironment(BaseEnvironment):
             f"sandbox from image {image!r}",
             "or a plan.command that keeps running",
         )
+
+    async def _start_services(
+        self,
+        client: Engine,
+        owned: AsyncExitStack,
+        session: DockerSession,
+        plan: ExecutionPlan,
+        labels: dict[str, str],
+    ) -> None:
+        """The plan's services in the holder's namespace (`services`), under the policy in
+        force, started; returns once each with a healthcheck passed it."""
+        tokens = self.config.max_workers
+        sid = session.id
+        for name, service in plan.services.items():
+            spec = service_container(sid, name, service, session.holder, labels, self.config)
+            owned.push_async_callback(remove_container, client, tokens, spec.name, sid)
+            info = await start_service(client, tokens, spec, service, sid)
+            session.add_service(name, info)
+            event(log, "info", "service started", sandbox=sid, service=name, image=spec.image)
+        await wait_healthy(session, plan.services)
+        # Healthy, or without a check: each must still run when open() returns.
+        for name, service in plan.services.items():
+            container = session.service_containers[name].id
+            await running_service(client, tokens, container, service, sid)
 
     def _session(
         self,
@@ -567,6 +602,7 @@ class DockerEnvironment(BaseEnvironment):
         holder, sandbox = pair
         record, phase = await policy_in_force(client.api, tokens, holder["Id"])
         labels = {k: v for k, v in holder["Config"]["Labels"].items() if k != ROLE}
+        services = await find_services(client, tokens, self.config.owner, session_id, holder["Id"])
         # From now on: what was refused before this process found the sandbox went with
         # the reader of the process that had it.
         readers = AsyncExitStack()
@@ -583,6 +619,11 @@ class DockerEnvironment(BaseEnvironment):
                 phase=phase,
                 events=feed,
             )
+            # Every service of the plan is one of the session's; one whose container is gone
+            # is named in errors, never silently unknown.
+            session.services = service_names(labels)
+            for name, info in services.items():
+                session.add_service(name, info)
             await session.follow_names()
         except BaseException:
             # Found, not created: only the reader this call started is undone.
@@ -593,6 +634,8 @@ class DockerEnvironment(BaseEnvironment):
         owned.push_async_callback(remove_network, client, tokens, session.network, session_id)
         owned.push_async_callback(remove_container, client, tokens, holder["Id"], session_id)
         owned.push_async_callback(remove_container, client, tokens, sandbox["Id"], session_id)
+        for info in services.values():
+            owned.push_async_callback(remove_container, client, tokens, info["Id"], session_id)
         owned.push_async_callback(readers.aclose)
         owned.push_async_callback(session.executor.aclose)
         return session, owned

@@ -1,5 +1,7 @@
 """A warm pool of Docker sandboxes: holder+sandbox pairs made ahead under a plan's baseline.
 
+A pair includes the plan's services, started and healthy; `corral gc` removes them with it.
+
 `DockerEnvironment.warm_pool(*plans)` runs a `WarmPool`: an async context manager that owns
 a task group with `size` slots per pool key. A slot makes a pair, waits until `open()`
 takes it or it has waited `max_idle_s`, then makes the next one, so a taken pair is
@@ -46,6 +48,7 @@ from corral.providers.docker.resources import (
     remove_network,
     sandbox_name,
 )
+from corral.providers.docker.services import remove_services
 from corral.providers.docker.session import DockerSession
 
 log = logging.getLogger("corral.docker.pool")
@@ -74,7 +77,9 @@ def pool_key(plan: ExecutionPlan) -> str:
 
     Secret env values go into the digest only, never into anything kept or logged.
     Timeouts other than `max_lifetime_s` (which sets the expiry label), tags, benchmark,
-    task id and the run/evaluation policies do not change what is created.
+    task id and the run/evaluation policies do not change what is created. Services do
+    (each is a container of the pair, started and healthy before it waits): a plan takes
+    only a sandbox made with exactly its services.
     """
     shape: dict[str, Any] = {
         "image": [plan.native, plan.image, plan.task_image, plan.fallback_image],
@@ -85,6 +90,13 @@ def pool_key(plan: ExecutionPlan) -> str:
         "command": plan.command,
         "labels": plan.labels,
         "max_lifetime_s": plan.timeouts.max_lifetime_s,
+        "services": {
+            name: {
+                **spec.model_dump(mode="json", exclude={"env", "public_env_names"}),
+                "env": plain_env(spec.env),
+            }
+            for name, spec in plan.services.items()
+        },
     }
     return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -275,6 +287,7 @@ async def collect_idle(client: Engine, tokens: int, owner: str, now: float) -> l
         except NotFound:
             continue
         await remove_container(client, tokens, sandbox_name(sid), sid)
+        await remove_services(client, tokens, labels)
         await remove_network(client, tokens, network_name(sid), sid)
         removed.append(f"idle pooled sandbox {sid}")
     return removed

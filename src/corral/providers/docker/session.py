@@ -1,4 +1,5 @@
-"""A `docker` sandbox: the sandbox container, and the holder that owns its network."""
+"""A `docker` sandbox: the sandbox container, the holder that owns its network, and the
+plan's services in that network (`services`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import posixpath
 import secrets
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,15 @@ log = logging.getLogger("corral.docker")
 #: restart has started the new init, which then dies and the container is lost (seen on
 #: Engine 20.10 as "container is marked for removal" at the next restart).
 RESTART_GRACE_S = 1
+
+
+@dataclass(frozen=True)
+class Container:
+    """Where a call lands: the sandbox container or a service's, and its working dir."""
+
+    id: str
+    workdir: str
+    service: str | None = None
 
 
 class DockerSession(EnvironmentSession):
@@ -112,64 +122,95 @@ class DockerSession(EnvironmentSession):
             else PlainExecutor(client.api, tokens, sandbox)
         )
         self.snapshot_lifetime_s = snapshot_lifetime_s
+        #: the running services' containers, by name (`add_service`); a name of
+        #: `services` missing here is a service whose container is gone
+        self.service_containers: dict[str, Container] = {}
+
+    def add_service(self, name: str, info: dict[str, Any]) -> None:
+        """`service=name` reaches the container the engine inspected as `info`."""
+        workdir = info["Config"].get("WorkingDir") or "/"
+        self.service_containers[name] = Container(info["Id"], workdir, name)
+        if name not in self.services:
+            self.services = (*self.services, name)
+
+    def _container(self, service: str | None) -> Container:
+        """The container `service` names (checked), the sandbox's for None."""
+        name = self.service_name(service)
+        if name is None:
+            return Container(self.sandbox, self.workdir)
+        found = self.service_containers.get(name)
+        if found is None:
+            raise ProviderError(f"sandbox {self.id}: the container of service {name!r} is gone")
+        return found
 
     async def _exec(self, request: ExecRequest) -> ExecResult:
-        """Through the exec channel or one engine exec per command (`executor.py`), with
-        the cwd made absolute and the configured user standing in for None."""
-        return await self.executor.run(
-            replace(
-                request,
-                cwd=self._absolute(request.cwd) if request.cwd is not None else None,
-                user=request.user or self.user,
+        """In the sandbox through the exec channel or one engine exec per command
+        (`executor.py`), the configured user standing in for None; in a service, one
+        engine exec per command as its own user. The cwd is made absolute either way."""
+        if request.service is None:
+            cwd = self._absolute(request.cwd) if request.cwd is not None else None
+            return await self.executor.run(
+                replace(request, cwd=cwd, user=request.user or self.user)
             )
-        )
-
-    def _absolute(self, path: str) -> str:
-        return posixpath.normpath(posixpath.join(self.workdir, path))
-
-    async def _mkdir(self, path: str) -> None:
-        result = await self.exec(["mkdir", "-p", path])
-        if result.returncode != 0:
-            raise ProviderError(f"cannot create {path!r} in the sandbox: {result.stderr.strip()}")
-
-    async def _put(self, directory: str, chunks: Any) -> None:
+        target = self._container(request.service)
+        cwd = self._absolute(request.cwd, target) if request.cwd is not None else None
+        plain = PlainExecutor(self.client.api, self.tokens, target.id)
         try:
-            await call(self.tokens, self.client.api.put_archive, self.sandbox, directory, chunks)
+            return await plain.run(replace(request, cwd=cwd))
+        except ProviderError as exc:
+            raise ProviderError(f"service {target.service!r} of sandbox {self.id}: {exc}") from None
+
+    def _absolute(self, path: str, target: Container | None = None) -> str:
+        workdir = self.workdir if target is None else target.workdir
+        return posixpath.normpath(posixpath.join(workdir, path))
+
+    async def _mkdir(self, path: str, target: Container) -> None:
+        result = await self.exec(["mkdir", "-p", path], service=target.service)
+        if result.returncode != 0:
+            raise ProviderError(
+                f"cannot create {path!r} in {_where(target)}: {result.stderr.strip()}"
+            )
+
+    async def _put(self, target: Container, directory: str, chunks: Any) -> None:
+        try:
+            await call(self.tokens, self.client.api.put_archive, target.id, directory, chunks)
         except NotFound:
             raise RemotePathNotFound(directory) from None
         except APIError as exc:
-            raise ProviderError(f"upload to {directory!r} failed: {exc.explanation}") from None
+            raise ProviderError(
+                f"upload to {directory!r} in {_where(target)} failed: {exc.explanation}"
+            ) from None
 
-    async def _get(self, path: str) -> Any:
+    async def _get(self, target: Container, path: str) -> Any:
         try:
-            stream, _ = await call(self.tokens, self.client.api.get_archive, self.sandbox, path)
+            stream, _ = await call(self.tokens, self.client.api.get_archive, target.id, path)
         except NotFound:
             raise RemotePathNotFound(path) from None
         except APIError as exc:
-            raise ProviderError(f"download of {path!r} failed: {exc.explanation}") from None
+            raise ProviderError(
+                f"download of {path!r} from {_where(target)} failed: {exc.explanation}"
+            ) from None
         return stream
 
-    async def _upload_root(self, path: str) -> str:
+    async def _upload_root(self, target: Container, path: str) -> str:
         """The real directory an upload to `path` lands in (see `landing`), created if missing."""
-        files = SandboxFiles(self.client.api, self.tokens, self.sandbox)
+        files = SandboxFiles(self.client.api, self.tokens, target.id)
         resolved = await files.resolve(path)
         if resolved is None:
-            await self._mkdir(path)  # the sandbox's mkdir: what it made is checked again
+            await self._mkdir(path, target)  # the container's mkdir: checked again after
             resolved = await files.resolve(path)
         if resolved is None:
-            raise ProviderError(f"sandbox path {path!r} vanished while it was created")
+            raise ProviderError(f"path {path!r} in {_where(target)} vanished while it was created")
         return resolved
 
     async def upload(self, local: str | Path, remote: str, *, service: str | None = None) -> None:
-        self.service_name(service)
-        target = self._absolute(remote)
-        parent, name = posixpath.split(target)
-        await self._put(await self._upload_root(parent), pack_file(local, name))
+        where = self._container(service)
+        parent, name = posixpath.split(self._absolute(remote, where))
+        await self._put(where, await self._upload_root(where, parent), pack_file(local, name))
 
     async def download(self, remote: str, local: str | Path, *, service: str | None = None) -> None:
-        self.service_name(service)
-        source = self._absolute(remote)
-        stream = await self._get(source)
+        where = self._container(service)
+        stream = await self._get(where, self._absolute(remote, where))
         try:
             await call(self.tokens, extract_file, stream, local, remote)
         finally:
@@ -180,17 +221,17 @@ class DockerSession(EnvironmentSession):
     async def upload_dir(
         self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
     ) -> None:
-        self.service_name(service)
-        target = self._absolute(remote_dir)
+        where = self._container(service)
+        target = self._absolute(remote_dir, where)
         await call(self.tokens, validate_dir, local_dir)
-        await self._put(await self._upload_root(target), pack_dir(local_dir))
+        await self._put(where, await self._upload_root(where, target), pack_dir(local_dir))
 
     async def download_dir(
         self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
     ) -> None:
-        self.service_name(service)
-        source = self._absolute(remote_dir)
-        stream = await self._get(source)
+        where = self._container(service)
+        source = self._absolute(remote_dir, where)
+        stream = await self._get(where, source)
         name = posixpath.basename(source.rstrip("/")) or "."
         try:
             await call(self.tokens, lambda: extract_tar(stream, local_dir, strip=name))
@@ -213,6 +254,11 @@ class DockerSession(EnvironmentSession):
 
         Shown gone through the engine's host-side view (`top`, container state), which
         nothing inside the container can change.
+
+        The plan's services keep running: they are the task's infrastructure (the
+        database the grader reads), not the workload. They stay under the holder's rules,
+        so each switch covers them, but a process the agent got into a service (through
+        the service's own interface) is not ended here (SECURITY.md, known gaps).
         """
         api = self.client.api
         self.executor.reset()  # the exec channel's helper dies with the workload
@@ -276,6 +322,8 @@ class DockerSession(EnvironmentSession):
             await self.fail_enforcement(str(exc))
 
     async def _save(self) -> SnapshotRef:
+        """The sandbox container's files only: services are the plan's infrastructure, and
+        a fork starts its own plan's services anew from their images."""
         return await snapshots.commit(
             self.client,
             self.tokens,
@@ -354,6 +402,10 @@ class DockerSession(EnvironmentSession):
             events=self.events,
         )
         self.verified_runtimes.add(self.runtime)
+
+
+def _where(target: Container) -> str:
+    return "the sandbox" if target.service is None else f"service {target.service!r}"
 
 
 def _has_hostnames(policy: NetworkPolicy) -> bool:
