@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from corral.core.plan import ExecutionPlan
 from corral.errors import ConfigError, ProviderError
 from corral.providers.k8s.config import KubernetesConfig
-from corral.providers.k8s.pod import SERVICES, fatal, check_services, manifest, services
+from corral.providers.k8s.pod import SERVICES, check_services, fatal, manifest, services
 
 
 def _spec(dns: tuple[str, ...] = (), **config: Any) -> dict[str, Any]:
