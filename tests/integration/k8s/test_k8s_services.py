@@ -205,3 +205,25 @@ async def test_end_workload_ends_the_sandbox_processes_and_leaves_services_runni
         assert await live_pids(session) == {1}
         await session.write_text("alive.txt", "still serving\n", service="web")
         assert await fetch(session, f"http://127.0.0.1:{WEB_PORT}/alive.txt") == "still serving\n"
+
+
+async def test_save_holds_the_sandbox_and_a_fork_starts_services_afresh(
+    cluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    env = make_env(namespace, owner="svc-fork", snapshot_dir=str(tmp_path / "store"))
+    with_workdir = plan().model_copy(update={"workdir": "/work"})
+    async with env.session(with_workdir) as parent:
+        await parent.write_text("kept.txt", "in the sandbox")
+        await parent.write_text("lost.txt", "in web", service="web")
+        ref = await parent.save()
+    child = await env.fork(ref, with_workdir)
+    try:
+        assert child.services == ("web",)
+        assert await child.read_text("/work/kept.txt") == "in the sandbox"
+        with pytest.raises(RemotePathNotFound):
+            await child.read_text("/srv/lost.txt", service="web")
+        await child.write_text("new.txt", "served\n", service="web")
+        assert await fetch(child, f"http://127.0.0.1:{WEB_PORT}/new.txt") == "served\n"
+    finally:
+        await env.close(child)
+    assert objects(cluster, namespace, "svc-fork") == []
