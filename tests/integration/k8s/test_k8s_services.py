@@ -190,6 +190,13 @@ async def test_a_failing_service_fails_open_naming_it_and_leaves_nothing(
         await env.open(plan(command=["sh", "-c", "exit 7"], healthcheck=None))
     assert objects(cluster, namespace, "svc-unhealthy") == []
 
+    # An image without `sh`, which exec needs on Kubernetes: said, naming the service.
+    unlink = "import os, time; os.unlink('/usr/bin/sh'); time.sleep(600)"
+    check = {"test": ["true"], "interval_s": 0.2, "retries": 2}
+    with pytest.raises(ProviderError, match="service 'web'.*`sh` and `env`"):
+        await env.open(plan(command=["python3", "-c", unlink], healthcheck=check))
+    assert objects(cluster, namespace, "svc-unhealthy") == []
+
 
 async def test_end_workload_ends_the_sandbox_processes_and_leaves_services_running(
     namespace: str,

@@ -147,16 +147,26 @@ class KubernetesSession(EnvironmentSession):
                 "set run_as_user in the provider config instead"
             )
         place = self._place(request.service)
-        return await run_exec(
-            place.target,
-            list(request.args),
-            cwd=self._absolute(request.cwd, place.workdir) if request.cwd is not None else None,
-            env=request.env,
-            stdin=request.stdin,
-            timeout=request.timeout,
-            on_output=request.on_output,
-            output_limit=request.output_limit,
-        )
+        try:
+            return await run_exec(
+                place.target,
+                list(request.args),
+                cwd=self._absolute(request.cwd, place.workdir) if request.cwd is not None else None,
+                env=request.env,
+                stdin=request.stdin,
+                timeout=request.timeout,
+                on_output=request.on_output,
+                output_limit=request.output_limit,
+            )
+        except ProviderError as exc:
+            if request.service is None or type(exc) is not ProviderError:
+                raise
+            hint = (
+                "; exec runs `sh` and `env` in the container (the service's image needs them)"
+                if "executable file not found" in str(exc)
+                else ""
+            )
+            raise ProviderError(f"service {request.service!r}: {exc}{hint}") from None
 
     async def _stream_in(
         self, target: Target, directory: str, chunks: Iterator[bytes], *, root: bool
