@@ -198,7 +198,9 @@ class KubernetesSession(EnvironmentSession):
             )
         code = exit_code(status)
         if code == NO_TAR or "tar: not found" in stderr.text():
-            raise ProviderError("the sandbox image has no `tar`; directory transfer needs it")
+            raise ProviderError(
+                f"the image of container {target.container!r} has no `tar`; file transfer needs it"
+            )
         if code == IS_LINK:
             raise UnsafeArchiveMember(
                 f"sandbox path {directory!r} is a symlink; refusing to upload through it"
