@@ -4,14 +4,16 @@ harness owns, resolvers corral chose."""
 from __future__ import annotations
 
 import ipaddress
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from corral.core.plan import ExecutionPlan
+from corral.errors import ConfigError, ProviderError
 from corral.providers.k8s.config import KubernetesConfig
-from corral.providers.k8s.pod import manifest
+from corral.providers.k8s.pod import SERVICES, check_services, fatal, manifest, services
 
 
 def _spec(dns: tuple[str, ...] = (), **config: Any) -> dict[str, Any]:
@@ -54,3 +56,106 @@ def test_names_and_resolvers_come_from_the_config() -> None:
 def test_bad_names_config_is_refused_naming_the_value(config: dict[str, Any], named: str) -> None:
     with pytest.raises(ValidationError, match=named):
         KubernetesConfig.model_validate(config)
+
+
+WEB = {
+    "image": "web:1",
+    "command": ["python3", "-m", "http.server", "8080"],
+    "env": {"MODE": "test", "API_TOKEN": "hunter2-secret"},
+    "resources": {"cpu": 0.5, "memory_mb": 256},
+    "workdir": "/srv",
+}
+
+
+def _with_services(services: dict[str, Any], **config: Any) -> dict[str, Any]:
+    cfg = KubernetesConfig.model_validate(config)
+    plan = ExecutionPlan(image="img:1", services=services)
+    return manifest("corral-x", "img:1", plan, cfg, {}, ())
+
+
+def test_services_are_containers_of_the_pod_confined_as_the_sandbox() -> None:
+    pod = _with_services({"web": WEB, "db": {"image": "db:1"}}, run_as_user=1000)
+    containers = {c["name"]: c for c in pod["spec"]["containers"]}
+    assert list(containers) == ["sandbox", "corral-probe", "svc-web", "svc-db"]
+    sandbox, web, db = containers["sandbox"], containers["svc-web"], containers["svc-db"]
+    assert web["securityContext"] == db["securityContext"] == sandbox["securityContext"]
+    assert web["securityContext"]["runAsUser"] == 1000
+    assert web["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert (web["image"], web["command"], web["workingDir"]) == (
+        "web:1",
+        ["python3", "-m", "http.server", "8080"],
+        "/srv",
+    )
+    assert web["env"] == [
+        {"name": "MODE", "value": "test"},
+        {"name": "API_TOKEN", "value": "hunter2-secret"},
+    ]
+    assert web["resources"] == {"limits": {"cpu": "500m", "memory": "256Mi"}}
+    # No command: the image's own entrypoint, not corral's gate; no workdir: the image's.
+    assert "command" not in db and "workingDir" not in db and "args" not in db
+    # One Pod, one network namespace: nothing a service could get on its own.
+    assert "shareProcessNamespace" not in pod["spec"] and "hostNetwork" not in pod["spec"]
+    assert "volumeMounts" not in web
+
+
+def test_the_services_annotation_names_them_and_holds_no_secret() -> None:
+    pod = _with_services({"web": WEB, "db": {"image": "db:1"}})
+    annotations = pod["metadata"]["annotations"]
+    assert annotations[SERVICES] == "web,db"
+    assert "hunter2-secret" not in repr(annotations)
+    assert SERVICES not in _with_services({})["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("name", ["sandbox", "corral-probe", "corral-reaper-0a1b2c3d"])
+def test_a_service_named_like_corrals_containers_does_not_collide(name: str) -> None:
+    pod = _with_services({name: {"image": "db:1"}})
+    names = [c["name"] for c in pod["spec"]["containers"]]
+    assert names == ["sandbox", "corral-probe", f"svc-{name}"]
+    assert all(len(n) <= 63 for n in names)
+
+
+def test_a_service_placement_is_refused_naming_it() -> None:
+    db = {"image": "db:1", "resources": {"placement": {"a": "b"}}}
+    plan = ExecutionPlan.model_validate({"image": "img:1", "services": {"db": db}})
+    with pytest.raises(ConfigError, match="'db'.*placement"):
+        check_services(plan)
+
+
+def _pod(annotations: dict[str, str], containers: list[str]) -> Any:
+    return SimpleNamespace(
+        metadata=SimpleNamespace(name="corral-x", annotations=annotations),
+        spec=SimpleNamespace(
+            containers=[SimpleNamespace(name=n, working_dir=None) for n in containers]
+        ),
+    )
+
+
+def test_services_of_a_pod_are_those_its_open_annotated() -> None:
+    found = services(_pod({SERVICES: "web"}, ["sandbox", "corral-probe", "svc-web", "svc-x"]))
+    assert list(found) == ["web"], "a container corral did not annotate is no service"
+    assert services(_pod({}, ["sandbox", "corral-probe"])) == {}
+    with pytest.raises(ProviderError, match="'db'.*svc-db"):
+        services(_pod({SERVICES: "web,db"}, ["sandbox", "svc-web"]))
+
+
+def test_a_service_that_fails_to_start_is_named() -> None:
+    def status(name: str, **state: Any) -> Any:
+        full = {"waiting": None, "terminated": None, "running": None, **state}
+        return SimpleNamespace(name=name, image="x", state=SimpleNamespace(**full))
+
+    def pod(*statuses: Any) -> Any:
+        return SimpleNamespace(
+            spec=SimpleNamespace(containers=[SimpleNamespace(name="svc-db", image="db:1")]),
+            status=SimpleNamespace(
+                conditions=[], container_statuses=list(statuses), phase="Pending"
+            ),
+        )
+
+    pulling = SimpleNamespace(reason="ErrImageNeverPull", message="not present")
+    assert fatal(pod(status("svc-db", waiting=pulling))) == (
+        "service 'db': ErrImageNeverPull for image 'db:1': not present"
+    )
+    ended = SimpleNamespace(exit_code=3, reason="Error")
+    cause = fatal(pod(status("svc-db", terminated=ended)))
+    assert cause is not None and cause.startswith("service 'db': container svc-db exited with")
+    assert "must keep running" in cause

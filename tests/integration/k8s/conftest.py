@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,3 +94,36 @@ def make_env(namespace: str, **overrides: Any) -> KubernetesEnvironment:
 @pytest.fixture
 def k8s_env(namespace: str) -> KubernetesEnvironment:
     return make_env(namespace)
+
+
+@pytest.fixture
+def plain_server(cluster: Any, namespace: str) -> Iterator[str]:
+    """A Pod of the test's own, not corral's (no policy selects it), listening on 9000;
+    yields its address. Sandboxes themselves accept no connections from other Pods."""
+    name = f"plain-server-{secrets.token_hex(3)}"
+    body = {
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {
+                    "name": "server",
+                    "image": TEST_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "exec nc -lk -p 9000 >/dev/null"],
+                }
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    ensure_namespace(cluster, namespace)
+    cluster.core.create_namespaced_pod(namespace, body)
+    try:
+        deadline = time.monotonic() + 60
+        pod: Any = cluster.core.read_namespaced_pod(name, namespace)
+        while pod.status.phase != "Running" or not pod.status.pod_ip:
+            assert time.monotonic() < deadline, f"{name} did not start: {pod.status}"
+            time.sleep(0.2)
+            pod = cluster.core.read_namespaced_pod(name, namespace)
+        yield pod.status.pod_ip
+    finally:
+        cluster.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)

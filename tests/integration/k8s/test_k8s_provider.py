@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import time
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from corral import (
 from corral.providers.k8s import KubernetesEnvironment
 from corral.testing.plugin import EgressTarget
 from tests.integration.conftest import ALLOWED_IP, effective_capabilities, unavailable
-from tests.integration.k8s.conftest import TEST_IMAGE, ensure_namespace, make_env
+from tests.integration.k8s.conftest import TEST_IMAGE, make_env
 
 pytestmark = pytest.mark.anyio
 
@@ -93,39 +92,6 @@ async def test_modes_toward_test_servers(
     async with k8s_env.session(plan(text)) as sandbox:
         seen = (await tcp(sandbox, allowed), await tcp(sandbox, denied))
     assert seen == expected
-
-
-@pytest.fixture
-def plain_server(cluster: Any, namespace: str) -> Iterator[str]:
-    """A Pod of the test's own, not corral's (no policy selects it), listening on 9000;
-    yields its address. Sandboxes themselves accept no connections from other Pods."""
-    name = f"plain-server-{secrets.token_hex(3)}"
-    body = {
-        "metadata": {"name": name},
-        "spec": {
-            "containers": [
-                {
-                    "name": "server",
-                    "image": TEST_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", "exec nc -lk -p 9000 >/dev/null"],
-                }
-            ],
-            "terminationGracePeriodSeconds": 0,
-        },
-    }
-    ensure_namespace(cluster, namespace)
-    cluster.core.create_namespaced_pod(namespace, body)
-    try:
-        deadline = time.monotonic() + 60
-        pod: Any = cluster.core.read_namespaced_pod(name, namespace)
-        while pod.status.phase != "Running" or not pod.status.pod_ip:
-            assert time.monotonic() < deadline, f"{name} did not start: {pod.status}"
-            time.sleep(0.2)
-            pod = cluster.core.read_namespaced_pod(name, namespace)
-        yield pod.status.pod_ip
-    finally:
-        cluster.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
 
 
 async def test_modes_between_pods(k8s_env: KubernetesEnvironment, plain_server: str) -> None:

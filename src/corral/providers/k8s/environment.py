@@ -5,6 +5,15 @@ before the Pod; then the Pod (the sandbox container and corral's `corral-probe`)
 workload waits behind a gate until corral has applied and probed the baseline. The
 NetworkPolicy carries an ownerReference to the Pod, so the cluster's garbage collector
 removes it if corral dies.
+
+The plan's services are further containers of the same Pod (see `pod.py`): they share its
+network namespace, so they and the sandbox reach each other on localhost, and its
+NetworkPolicy, so the baseline, every switch and the probe (dialled from the shared
+namespace) cover them all. `open` returns once the baseline is verified and every
+service passed its healthcheck (exec'd in its container), and only then opens the
+workload's gate. `end_workload()` ends the sandbox container's processes and leaves the
+services running; `save()` holds the sandbox container's paths; an attached session
+learns its services from the annotation its open wrote (`pod.SERVICES`).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from kubernetes.client.exceptions import ApiException
 from corral.core.environment import BaseEnvironment
 from corral.core.labels import OWNER, SESSION, is_expired, new_session_id, session_labels
 from corral.core.plan import ExecutionPlan
+from corral.core.services import wait_healthy
 from corral.core.session import EnvironmentSession
 from corral.core.snapshot import SnapshotRef
 from corral.core.snapshot_store import SnapshotShelf, default_root
@@ -39,14 +49,16 @@ from corral.providers.k8s.pod import (
     INSTANCE,
     OPENED,
     READY_FILE,
+    check_services,
     dns_servers,
     manifest,
     opened,
     operation_timeout,
+    services,
     wait_running,
 )
 from corral.providers.k8s.reaper import Reaper
-from corral.providers.k8s.session import KubernetesSession
+from corral.providers.k8s.session import KubernetesSession, Place
 
 
 class KubernetesEnvironment(BaseEnvironment):
@@ -58,6 +70,7 @@ class KubernetesEnvironment(BaseEnvironment):
     supports_dynamic_network_policy = True
     supports_reattach = True
     supports_snapshot = True
+    supports_services = True
     max_concurrent_opens = 16
 
     config: KubernetesConfig
@@ -127,6 +140,7 @@ class KubernetesEnvironment(BaseEnvironment):
         image = plan.require_image(self.id)
         if not isinstance(image, str):
             raise ConfigError(f"native selector {image!r} is not supported by k8s; give an image")
+        check_services(plan)
         sid = session_id or new_session_id()
         name = f"corral-{sid}"
         if session_id is not None:
@@ -148,6 +162,9 @@ class KubernetesEnvironment(BaseEnvironment):
         pod = await wait_running(clients, cfg.max_workers, cfg.namespace, name)
         session = self._session(clients, pod, initial)
         await self._apply_baseline(session, baseline)
+        # Under the verified baseline, and before the workload's own command starts (as
+        # compose starts what depends on a healthy service); bounded by startup_s.
+        await wait_healthy(session, plan.services)
         await self._open_gate(session)
         await self._mark(name, {OPENED: "true"})
         return session
@@ -160,11 +177,16 @@ class KubernetesEnvironment(BaseEnvironment):
         labels: dict[str, str] = dict(pod.metadata.labels or {})
         sandbox: Any = next(c for c in pod.spec.containers if c.name == CONTAINER)
         target = Target(clients, cfg.max_workers, cfg.namespace, name, CONTAINER)
+        places = {
+            service: Place(target.sibling(container.name), container.working_dir or "/")
+            for service, container in services(pod).items()
+        }
         session = KubernetesSession(
             id=labels[SESSION],
             policy=policy,
             target=target,
             prober=target.sibling(probe.CONTAINER),
+            service_places=places,
             policy_name=name,
             labels=labels,
             dns=dns_servers(pod),

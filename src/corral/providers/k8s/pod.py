@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 
-from corral.core.plan import ExecutionPlan
+from corral.core.plan import ExecutionPlan, Resources, ServiceSpec
 from corral.core.redact import plain_env
 from corral.errors import ConfigError, ProviderError
 from corral.network.targets import IPAddress
@@ -27,6 +27,12 @@ INSTANCE = "corral.instance"
 OPENED = "corral.opened"
 #: The plan's timeouts.operation_s, the default timeout of every exec.
 OPERATION_TIMEOUT = "corral.operation-timeout-s"
+#: The plan's service names, comma-separated: which containers of the Pod are services
+#: (each runs as the container `SERVICE_PREFIX + name`). Reattaching trusts only this.
+SERVICES = "corral.services"
+#: A service's container name is its name under this prefix, which no container corral
+#: adds itself (`sandbox`, `corral-probe`, `corral-reaper-*`) starts with.
+SERVICE_PREFIX = "svc-"
 _IDLE_FIFO = "/tmp/.corral-idle"
 # The workload's own command starts only once corral has applied and verified the
 # baseline policy (it writes READY_FILE); until then nothing in the Pod talks. Without a
@@ -54,8 +60,7 @@ FATAL_WAITING = {
 }
 
 
-def _resources(plan: ExecutionPlan, cfg: KubernetesConfig) -> dict[str, dict[str, str]]:
-    wanted = plan.resources
+def _resources(wanted: Resources, cfg: KubernetesConfig) -> dict[str, dict[str, str]]:
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if cfg.cpu_request:
@@ -97,12 +102,13 @@ def manifest(
         "command": command,
         "env": [{"name": k, "value": v} for k, v in plain_env(plan.env).items()],
         "securityContext": security,
-        "resources": _resources(plan, cfg),
+        "resources": _resources(plan.resources, cfg),
     }
     if plan.workdir:
         container["workingDir"] = plan.workdir
+    beside = [_service(name, svc, cfg, security) for name, svc in plan.services.items()]
     spec: dict[str, Any] = {
-        "containers": [container, probe.container(cfg)],
+        "containers": [container, probe.container(cfg), *beside],
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 1,
         "enableServiceLinks": False,
@@ -120,12 +126,77 @@ def manifest(
     annotations = dict(cfg.annotations)
     if plan.timeouts.operation_s is not None:
         annotations[OPERATION_TIMEOUT] = str(plan.timeouts.operation_s)
+    if plan.services:
+        annotations[SERVICES] = ",".join(plan.services)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": labels, "annotations": annotations},
         "spec": {k: v for k, v in spec.items() if v is not None},
     }
+
+
+def service_container(name: str) -> str:
+    """The container of the Pod that runs the plan's service `name`."""
+    return SERVICE_PREFIX + name
+
+
+def check_services(plan: ExecutionPlan) -> None:
+    """Refuse, before anything is created, what a service cannot have on Kubernetes."""
+    for name, service in plan.services.items():
+        if service.resources.placement:
+            raise ConfigError(
+                f"service {name!r} sets resources.placement, but on Kubernetes a service is a "
+                "container of the sandbox's Pod, on its node: set placement on the plan"
+            )
+
+
+def _service(
+    name: str, service: ServiceSpec, cfg: KubernetesConfig, security: dict[str, Any]
+) -> dict[str, Any]:
+    """A service: a container of the sandbox's Pod (so in its network namespace, under
+    its NetworkPolicy), with the sandbox's security context and its own PID namespace.
+
+    It runs its image's own entrypoint (or `command`) from the start, not behind the
+    workload's gate: the API server does not say what an image's entrypoint is, so it
+    cannot be wrapped. A service is the task's infrastructure from the (trusted) plan,
+    under the NetworkPolicy created before the Pod; the agent's workload starts only once
+    the baseline is verified and every service is healthy.
+    """
+    container: dict[str, Any] = {
+        "name": service_container(name),
+        "image": service.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        # As for the sandbox, secret values reach the Pod spec (they are its environment)
+        # and nothing else: never an annotation, a log line or an error.
+        "env": [{"name": k, "value": v} for k, v in plain_env(service.env).items()],
+        "securityContext": dict(security),
+        "resources": _resources(service.resources, cfg),
+    }
+    if service.command is not None:
+        container["command"] = list(service.command)
+    if service.workdir:
+        container["workingDir"] = service.workdir
+    return container
+
+
+def services(pod: Any) -> dict[str, Any]:
+    """The Pod's services, by name, each with its container's spec: the names its open
+    wrote in the SERVICES annotation (the API server's, out of the workload's reach),
+    each of which must have its container in the Pod's (immutable) spec."""
+    annotations: dict[str, str] = pod.metadata.annotations or {}
+    listed = annotations.get(SERVICES, "")
+    containers: dict[str, Any] = {c.name: c for c in pod.spec.containers}
+    found: dict[str, Any] = {}
+    for name in filter(None, listed.split(",")):
+        container = containers.get(service_container(name))
+        if container is None:
+            raise ProviderError(
+                f"Pod {pod.metadata.name}: service {name!r} of annotation {SERVICES} has no "
+                f"container {service_container(name)!r}"
+            )
+        found[name] = container
+    return found
 
 
 def _names(cfg: KubernetesConfig, dns_servers: tuple[IPAddress, ...]) -> dict[str, Any]:
@@ -143,7 +214,7 @@ def _names(cfg: KubernetesConfig, dns_servers: tuple[IPAddress, ...]) -> dict[st
     return names
 
 
-def _fatal(pod: Any) -> str | None:
+def fatal(pod: Any) -> str | None:
     status: Any = pod.status
     conditions: list[Any] = status.conditions or []
     containers: list[Any] = status.container_statuses or []
@@ -155,19 +226,24 @@ def _fatal(pod: Any) -> str | None:
     for container in containers:
         state: Any = container.state
         image = images.get(container.name, container.image)
+        service = _service_of(container.name)
+        of = f"service {service!r}: " if service else ""
         waiting: Any = state.waiting if state else None
         if waiting is not None and waiting.reason in FATAL_WAITING:
-            return f"{waiting.reason} for image {image!r}: {waiting.message or ''}".strip()
+            return f"{of}{waiting.reason} for image {image!r}: {waiting.message or ''}".strip()
         terminated: Any = state.terminated if state else None
         if terminated is not None:
-            needs = (
-                "probe_image must keep running by its own entrypoint"
-                if container.name == probe.CONTAINER
-                else "the image needs `sh`, `sleep` and `mkfifo`, or a plan.command that "
-                "keeps running"
-            )
+            if container.name == probe.CONTAINER:
+                needs = "probe_image must keep running by its own entrypoint"
+            elif service:
+                needs = "a service must keep running (its image's entrypoint or its command)"
+            else:
+                needs = (
+                    "the image needs `sh`, `sleep` and `mkfifo`, or a plan.command that "
+                    "keeps running"
+                )
             return (
-                f"container {container.name} exited with code {terminated.exit_code} "
+                f"{of}container {container.name} exited with code {terminated.exit_code} "
                 f"({terminated.reason}); {needs}"
             )
     if status.phase in ("Failed", "Succeeded"):
@@ -175,12 +251,16 @@ def _fatal(pod: Any) -> str | None:
     return None
 
 
+def _service_of(container: str) -> str | None:
+    return container.removeprefix(SERVICE_PREFIX) if container.startswith(SERVICE_PREFIX) else None
+
+
 async def wait_running(clients: Api, tokens: int, namespace: str, name: str) -> Any:
     """Poll until every container runs; raise at once with the real cause if one never will."""
     delay = 0.05
     while True:
         pod: Any = await idempotent(tokens, clients.core.read_namespaced_pod, name, namespace)
-        cause = _fatal(pod)
+        cause = fatal(pod)
         if cause is not None:
             error = ConfigError if "image" in cause else ProviderError
             raise error(f"sandbox Pod {name}: {cause}")

@@ -1,10 +1,16 @@
-"""A `k8s` sandbox: one Pod, selected by its NetworkPolicy through a session label."""
+"""A `k8s` sandbox: one Pod, selected by its NetworkPolicy through a session label.
+
+The plan's services are further containers of that Pod (`pod.SERVICES`): `exec` and the
+file calls given `service=` run in that container, relative paths from its working
+directory; the policy covers them all, as it selects the Pod.
+"""
 
 from __future__ import annotations
 
 import posixpath
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -57,6 +63,14 @@ RANGE_MIB = 8
 RANGE_TRIES = 3
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a call of the session lands: a container, and its working directory."""
+
+    target: Target
+    workdir: str
+
+
 class KubernetesSession(EnvironmentSession):
     def __init__(
         self,
@@ -65,6 +79,7 @@ class KubernetesSession(EnvironmentSession):
         policy: NetworkPolicy,
         target: Target,
         prober: Target,
+        service_places: dict[str, Place],
         policy_name: str,
         labels: dict[str, str],
         dns: tuple[IPAddress, ...],
@@ -99,6 +114,16 @@ class KubernetesSession(EnvironmentSession):
         self.snapshots = snapshots
         self.snapshot_paths = snapshot_paths
         self.snapshot_limits = snapshot_limits
+        self.service_places = service_places
+        self.services = tuple(service_places)
+
+    def _place(self, service: str | None) -> Place:
+        """The sandbox container, or the container of the plan's service `service` (a
+        name not among the session's services is a ConfigError naming it)."""
+        name = self.service_name(service)
+        if name is None:
+            return Place(self.target, self.workdir)
+        return self.service_places[name]
 
     async def endpoint(self, port: int) -> str | None:
         """A URL on 127.0.0.1 forwarded to `port` in the Pod, open until close()."""
@@ -112,8 +137,8 @@ class KubernetesSession(EnvironmentSession):
             self.forwards[port] = forwarder
         return f"http://127.0.0.1:{self.forwards[port].port}"
 
-    def _absolute(self, path: str) -> str:
-        return posixpath.normpath(posixpath.join(self.workdir, path))
+    def _absolute(self, path: str, workdir: str | None = None) -> str:
+        return posixpath.normpath(posixpath.join(workdir or self.workdir, path))
 
     async def _exec(self, request: ExecRequest) -> ExecResult:
         if request.user is not None:
@@ -121,18 +146,31 @@ class KubernetesSession(EnvironmentSession):
                 f"the Kubernetes exec API cannot switch user (asked for {request.user!r}); "
                 "set run_as_user in the provider config instead"
             )
-        return await run_exec(
-            self.target,
-            list(request.args),
-            cwd=self._absolute(request.cwd) if request.cwd is not None else None,
-            env=request.env,
-            stdin=request.stdin,
-            timeout=request.timeout,
-            on_output=request.on_output,
-            output_limit=request.output_limit,
-        )
+        place = self._place(request.service)
+        try:
+            return await run_exec(
+                place.target,
+                list(request.args),
+                cwd=self._absolute(request.cwd, place.workdir) if request.cwd is not None else None,
+                env=request.env,
+                stdin=request.stdin,
+                timeout=request.timeout,
+                on_output=request.on_output,
+                output_limit=request.output_limit,
+            )
+        except ProviderError as exc:
+            if request.service is None or type(exc) is not ProviderError:
+                raise
+            hint = (
+                "; exec runs `sh` and `env` in the container (the service's image needs them)"
+                if "executable file not found" in str(exc)
+                else ""
+            )
+            raise ProviderError(f"service {request.service!r}: {exc}{hint}") from None
 
-    async def _stream_in(self, directory: str, chunks: Iterator[bytes], *, root: bool) -> None:
+    async def _stream_in(
+        self, target: Target, directory: str, chunks: Iterator[bytes], *, root: bool
+    ) -> None:
         """Spool the tar (to learn its length), then send it over stdin, length-bounded.
 
         `root`: `directory` is the upload's root, which must not be a symlink.
@@ -152,7 +190,7 @@ class KubernetesSession(EnvironmentSession):
             status, _ = await call(
                 self.target.tokens,
                 run_blocking_exec,
-                self.target,
+                target,
                 ["sh", "-c", _UNTAR, "sh", directory, str(size), "dir" if root else ""],
                 frames,
                 None,
@@ -160,7 +198,9 @@ class KubernetesSession(EnvironmentSession):
             )
         code = exit_code(status)
         if code == NO_TAR or "tar: not found" in stderr.text():
-            raise ProviderError("the sandbox image has no `tar`; directory transfer needs it")
+            raise ProviderError(
+                f"the image of container {target.container!r} has no `tar`; file transfer needs it"
+            )
         if code == IS_LINK:
             raise UnsafeArchiveMember(
                 f"sandbox path {directory!r} is a symlink; refusing to upload through it"
@@ -169,10 +209,10 @@ class KubernetesSession(EnvironmentSession):
             raise ProviderError(f"unpacking into {directory!r} failed: {stderr.text().strip()}")
 
     async def upload(self, local: str | Path, remote: str, *, service: str | None = None) -> None:
-        self.service_name(service)
-        target = self._absolute(remote)
-        parent, name = posixpath.split(target)
-        await self._stream_in(parent, pack_file(local, name), root=False)
+        place = self._place(service)
+        path = self._absolute(remote, place.workdir)
+        parent, name = posixpath.split(path)
+        await self._stream_in(place.target, parent, pack_file(local, name), root=False)
 
     async def upload_dir(
         self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
@@ -182,9 +222,10 @@ class KubernetesSession(EnvironmentSession):
         members replace links at their places; the parents of the root are followed as
         the Pod resolves them (the image's own `/bin -> usr/bin` among them).
         """
-        self.service_name(service)
+        place = self._place(service)
         await anyio.to_thread.run_sync(validate_dir, local_dir)
-        await self._stream_in(self._absolute(remote_dir), pack_dir(local_dir), root=True)
+        root = self._absolute(remote_dir, place.workdir)
+        await self._stream_in(place.target, root, pack_dir(local_dir), root=True)
 
     async def download(self, remote: str, local: str | Path, *, service: str | None = None) -> None:
         """Read the file in ranges, each checked against the size the Pod reported.
@@ -192,9 +233,9 @@ class KubernetesSession(EnvironmentSession):
         Released kubernetes clients can drop the tail of a large exec stream; a short
         range is read again rather than written short.
         """
-        self.service_name(service)
-        source = self._absolute(remote)
-        sized = await self.exec(["sh", "-c", _SIZE, "sh", source])
+        place = self._place(service)
+        source = self._absolute(remote, place.workdir)
+        sized = await self.exec(["sh", "-c", _SIZE, "sh", source], service=service)
         if sized.returncode == MISSING:
             raise RemotePathNotFound(remote)
         if sized.returncode == IS_DIR:
@@ -207,7 +248,7 @@ class KubernetesSession(EnvironmentSession):
             want = min(RANGE_MIB << 20, size - (index * RANGE_MIB << 20))
             argv = ["sh", "-c", _RANGE, "sh", source, str(index * RANGE_MIB), str(RANGE_MIB)]
             for _ in range(RANGE_TRIES):
-                data = b"".join(d for n, d in ExecStream(self.target, argv) if n == "stdout")
+                data = b"".join(d for n, d in ExecStream(place.target, argv) if n == "stdout")
                 if len(data) == want:
                     return data
             raise ProviderError(f"reading {remote!r}: the Pod kept sending short ranges")
@@ -222,12 +263,13 @@ class KubernetesSession(EnvironmentSession):
     async def download_dir(
         self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
     ) -> None:
-        self.service_name(service)
-        source = self._absolute(remote_dir)
-        probe = await self.exec(["sh", "-c", '[ -d "$1" ] || exit 44', "sh", source])
+        place = self._place(service)
+        source = self._absolute(remote_dir, place.workdir)
+        check = ["sh", "-c", '[ -d "$1" ] || exit 44', "sh", source]
+        probe = await self.exec(check, service=service)
         if probe.returncode == MISSING:
             raise RemotePathNotFound(remote_dir)
-        execution = ExecStream(self.target, ["sh", "-c", _TAR, "sh", source])
+        execution = ExecStream(place.target, ["sh", "-c", _TAR, "sh", source])
 
         def extract() -> None:
             frames = iter(execution)
@@ -268,11 +310,18 @@ class KubernetesSession(EnvironmentSession):
         )
 
     async def _end_workload(self) -> None:
+        """Every process of the sandbox container but its PID 1, killed and shown gone by
+        the reaper (in that container's PID namespace). The services keep running: they
+        are the task's infrastructure (a database the grader reads), each in a PID
+        namespace of its own, which the reaper neither sees nor touches."""
         await self.reaper.end_workload()
 
     async def _save(self) -> SnapshotRef:
         """Each snapshot path, through `download_dir` (hardened against the Pod's archive)
-        and held to `snapshot_limits`, into a new snapshot directory on this host."""
+        and held to `snapshot_limits`, into a new snapshot directory on this host.
+
+        The sandbox container's paths only: a fork starts the plan's services afresh from
+        their images, without the state the parent's services had."""
 
         async def fill(record: SnapshotRecord) -> None:
             with bounded(self.snapshot_limits):
