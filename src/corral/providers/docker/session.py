@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import posixpath
 import secrets
@@ -33,7 +34,12 @@ from corral.network.resolve import Resolution, needs_dns
 from corral.network.targets import EntryType, IPAddress
 from corral.providers.docker import snapshots
 from corral.providers.docker.channel import ChannelExecutor
-from corral.providers.docker.enforcement import apply_policy, probe_from_sandbox, resolve
+from corral.providers.docker.enforcement import (
+    Upstream,
+    apply_policy,
+    probe_from_sandbox,
+    resolve,
+)
 from corral.providers.docker.engine import Engine, call
 from corral.providers.docker.events import EventFeed
 from corral.providers.docker.executor import Executor, PlainExecutor
@@ -78,6 +84,7 @@ class DockerSession(EnvironmentSession):
         snapshot_lifetime_s: float,
         phase: Phase | None,
         events: EventFeed,
+        wildcard_dns_servers: tuple[str, ...] | None = None,
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.phase = phase
@@ -112,6 +119,12 @@ class DockerSession(EnvironmentSession):
             else PlainExecutor(client.api, tokens, sandbox)
         )
         self.snapshot_lifetime_s = snapshot_lifetime_s
+        #: where corral's resolver forwards the names a wildcard policy allows
+        self.upstream = Upstream(
+            tuple(ipaddress.ip_address(a) for a in wildcard_dns_servers or ()) or None,
+            resolver_image,
+            labels,
+        )
 
     async def _exec(self, request: ExecRequest) -> ExecResult:
         """Through the exec channel or one engine exec per command (`executor.py`), with
@@ -311,6 +324,7 @@ class DockerSession(EnvironmentSession):
             policy,
             dns=self.dns,
             extra_hosts=self.extra_hosts,
+            upstream=self.upstream,
         )
 
     async def _apply(self, policy: NetworkPolicy) -> None:
