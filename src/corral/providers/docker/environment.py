@@ -359,7 +359,9 @@ class DockerEnvironment(BaseEnvironment):
         host_config = client.api.create_host_config(
             network_mode=network,
             cap_drop=["ALL"],
-            cap_add=["NET_ADMIN"],
+            # NET_RAW: iptables' set match (wildcard policies) looks sets up over a raw
+            # socket. Only corral's own commands run here; the sandbox gets neither.
+            cap_add=["NET_ADMIN", "NET_RAW"],
             security_opt=["no-new-privileges"],
             init=True,
             auto_remove=True,
