@@ -163,6 +163,10 @@ func main() {
 		nflogMain(os.Args[2], os.Args[3])
 		return
 	}
+	if len(os.Args) >= 3 && os.Args[1] == "--dns" {
+		dnsMain(os.Args[2])
+		return
+	}
 	if len(os.Args) >= 3 && os.Args[1] == "--kill" {
 		killMarked(os.Args[2])
 		return

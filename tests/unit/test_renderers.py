@@ -110,5 +110,8 @@ def test_no_network_closes_the_embedded_resolver() -> None:
 def test_unresolved_hostname_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"'other\.example\.com' was not resolved"):
         render_iptables(NetworkPolicy.allowlist("other.example.com"), RESOLVED)
-    with pytest.raises(NetworkPolicyUnsupported, match=r"\*\.example\.com"):
+    # A wildcard is rendered only with the sets of its apply (tests/unit/test_wildcard.py).
+    with pytest.raises(ValueError, match=r"\*\.example\.com has wildcard hostnames"):
         render_iptables(NetworkPolicy.allowlist("*.example.com"), RESOLVED)
+    with pytest.raises(NetworkPolicyUnsupported, match=r"\*\.example\.com"):
+        render_iptables(NetworkPolicy.denylist("*.example.com"), RESOLVED)

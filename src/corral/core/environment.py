@@ -45,6 +45,8 @@ class BaseEnvironment(abc.ABC):
     config_model: ClassVar[type[RuntimeEnvironmentConfig]] = RuntimeEnvironmentConfig
     supported_network_modes: ClassVar[frozenset[NetworkMode]] = frozenset({NetworkMode.PUBLIC})
     supported_allowlist_entry_types: ClassVar[frozenset[EntryType]] = frozenset()
+    #: entry types a denylist may use; None: the same as an allowlist
+    supported_denylist_entry_types: ClassVar[frozenset[EntryType] | None] = None
     supports_network_target_ports: ClassVar[bool] = False
     supports_dynamic_network_policy: ClassVar[bool] = False
     #: Whether a sandbox refuses every connection another sandbox opens to it, in every
@@ -97,6 +99,7 @@ class BaseEnvironment(abc.ABC):
             provider=cls.id,
             modes=cls.supported_network_modes,
             entry_types=cls.supported_allowlist_entry_types,
+            denylist_entry_types=cls.supported_denylist_entry_types,
             target_ports=cls.supports_network_target_ports,
             dynamic=cls.supports_dynamic_network_policy,
         )

@@ -8,6 +8,13 @@ from corral.errors import NetworkPolicyUnsupported
 from corral.network.policy import NetworkMode, NetworkPolicy, NetworkSchedule, Phase
 from corral.network.targets import EntryType
 
+_WHY = {
+    EntryType.WILDCARD_HOSTNAME: (
+        ": a wildcard is enforced by watching the names the sandbox resolves, and a "
+        "denylist leaves it free to use any resolver"
+    )
+}
+
 
 class NetworkCapabilities(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -15,6 +22,8 @@ class NetworkCapabilities(BaseModel):
     provider: str
     modes: frozenset[NetworkMode]
     entry_types: frozenset[EntryType] = frozenset()
+    #: entry types a denylist may use; None: the same as `entry_types`
+    denylist_entry_types: frozenset[EntryType] | None = None
     target_ports: bool = False
     dynamic: bool = False
 
@@ -30,8 +39,18 @@ class NetworkCapabilities(BaseModel):
                 f"{where} uses mode {policy.network_mode.value!r}, which {self._supported()}; "
                 f"override {phase!r} with a supported mode"
             )
+        denylist = policy.network_mode is NetworkMode.DENYLIST
         for target in policy.targets:
-            if target.entry_type not in self.entry_types:
+            if denylist and self.denylist_entry_types is not None:
+                if target.entry_type not in self.denylist_entry_types:
+                    kinds = ", ".join(sorted(t.value for t in self.denylist_entry_types))
+                    raise NetworkPolicyUnsupported(
+                        f"{where}: entry {str(target)!r} is a {target.entry_type.value}, "
+                        f"which provider {self.provider!r} cannot enforce in a denylist (it "
+                        f"denies only: {kinds or 'none'}){_WHY.get(target.entry_type, '')}; "
+                        f"override {phase!r}"
+                    )
+            elif target.entry_type not in self.entry_types:
                 kinds = ", ".join(sorted(t.value for t in self.entry_types)) or "none"
                 raise NetworkPolicyUnsupported(
                     f"{where}: entry {str(target)!r} is a {target.entry_type.value}, but "

@@ -16,6 +16,11 @@ to group `NFLOG_GROUP`, prefixed with the phase the rules are rendered for): the
 attempt is logged in the sandbox's own namespace, where only a holder of NET_ADMIN can
 read it, and the REJECT counters still count every refusal (the probes rely on them).
 
+A policy with a wildcard hostname (`network.wildcard`) also accepts, first, the upstream
+DNS of corral's resolver (by its socket mark) and the rest of connections its sets
+accepted (by this apply's connmark); after the listed targets it refuses all DNS (set
+members never open port 53), then accepts the addresses in this apply's sets.
+
 Addresses enter the text only through `rule_text`, rebuilt from their integers: nothing a
 policy or the sandbox wrote (a zone id, a newline) can become a rule line.
 """
@@ -31,6 +36,7 @@ from corral.network.events import LOG_BURST, LOG_COPY_BYTES, LOG_RATE_PER_S, NFL
 from corral.network.policy import NetworkMode, NetworkPolicy, Phase
 from corral.network.policy_record import RECORD_CHAIN, PolicyRecord, record_rules
 from corral.network.resolve import AddressRule, Resolution, address_rules, needs_dns
+from corral.network.wildcard import UPSTREAM_MARK, NameSets, has_wildcards
 
 CHAIN = "CORRAL-EGRESS"
 
@@ -43,13 +49,21 @@ class IptablesPayload(BaseModel):
 
 
 def render_iptables(
-    policy: NetworkPolicy, resolved: Resolution, *, phase: Phase | None = None
+    policy: NetworkPolicy,
+    resolved: Resolution,
+    *,
+    phase: Phase | None = None,
 ) -> IptablesPayload:
-    """Both payloads; refused attempts are logged with `phase` (None: outside any)."""
-    rules = address_rules(policy, resolved)
+    """Both payloads; refused attempts are logged with `phase` (None: outside any).
+
+    A policy with a wildcard needs `resolved.names`, the sets of this apply."""
+    wild = resolved.names if has_wildcards(policy) else None
+    if has_wildcards(policy) and wild is None:
+        raise ValueError(f"policy {policy} has wildcard hostnames: render it with its sets")
+    rules = address_rules(policy, resolved, skip_wildcards=wild is not None)
     return IptablesPayload(
-        ipv4=_render_family(policy, resolved, rules, 4, log_prefix(phase)),
-        ipv6=_render_family(policy, resolved, rules, 6, log_prefix(phase)),
+        ipv4=_render_family(policy, resolved, rules, 4, log_prefix(phase), wild),
+        ipv6=_render_family(policy, resolved, rules, 6, log_prefix(phase), wild),
     )
 
 
@@ -75,6 +89,7 @@ def _render_family(
     rules: list[AddressRule],
     family: int,
     prefix: str,
+    wild: NameSets | None = None,
 ) -> str:
     reject_icmp = "icmp-port-unreachable" if family == 4 else "icmp6-port-unreachable"
     reject = [
@@ -84,6 +99,8 @@ def _render_family(
     body = [
         "-m conntrack --ctstate ESTABLISHED,RELATED --ctdir REPLY -j ACCEPT",
     ]
+    if wild is not None:
+        body += _resolver_upstream(wild, family)
     dns_open = needs_dns(policy)
     for server in resolved.dns_servers:
         if server.version != family:
@@ -111,6 +128,8 @@ def _render_family(
     elif mode is NetworkMode.ALLOWLIST:
         for rule in _family(rules, family):
             body += _match(rule, "-j ACCEPT")
+        if wild is not None:
+            body += _learned(policy, wild, family, reject_icmp)
         body += reject
     else:
         for rule in _family(rules, family):
@@ -130,6 +149,40 @@ def _render_family(
         "",
     ]
     return "\n".join(lines)
+
+
+def _resolver_upstream(wild: NameSets, family: int) -> list[str]:
+    """First: corral's resolver to its upstream (by mark), and the rest of connections
+    this apply's sets accepted (by connmark)."""
+    lines: list[str] = []
+    for server in wild.upstream:
+        if server.version != family:
+            continue
+        dest = f"-d {rule_text(ipaddress.ip_network(server))}"
+        lines += [
+            f"{dest} -p {proto} --dport 53 -m mark --mark {UPSTREAM_MARK:#x} -j ACCEPT"
+            for proto in ("udp", "tcp")
+        ]
+    lines.append(f"-m connmark --mark {wild.connmark:#x} -j ACCEPT")
+    return lines
+
+
+def _learned(policy: NetworkPolicy, wild: NameSets, family: int, reject_icmp: str) -> list[str]:
+    """DNS refused to everything but corral's resolver (on loopback, accepted above), then
+    the addresses its answers put in this apply's sets, by port."""
+    lines = [
+        "-p tcp --dport 53 -j REJECT --reject-with tcp-reset",
+        f"-p udp --dport 53 -j REJECT --reject-with {reject_icmp}",
+    ]
+    for port in wild.ports(policy):
+        match = f"-m set --match-set {wild.set_name(port, family)} dst"
+        protos = [""] if port is None else [f" -p {p} --dport {port}" for p in ("tcp", "udp")]
+        for proto in protos:
+            lines += [
+                f"{match}{proto} -j CONNMARK --set-mark {wild.connmark:#x}",
+                f"{match}{proto} -j ACCEPT",
+            ]
+    return lines
 
 
 def _family(rules: list[AddressRule], family: int) -> list[AddressRule]:

@@ -20,7 +20,7 @@ def allows(policy: NetworkPolicy, resolved: Resolution, address: IPAddress, port
         return False
     hit = any(
         address in rule.network and rule.port in (None, port)
-        for rule in address_rules(policy, resolved)
+        for rule in address_rules(policy, resolved, skip_wildcards=True)
     )
     return hit if mode is NetworkMode.ALLOWLIST else not hit
 

@@ -12,6 +12,7 @@ from corral.errors import NetworkPolicyUnsupported
 from corral.network.addresses import IPAddress, IPNetwork, canonical_address
 from corral.network.policy import NetworkMode, NetworkPolicy
 from corral.network.targets import EntryType
+from corral.network.wildcard import NameSets
 
 Resolver = Callable[[str], Awaitable[Sequence[IPAddress]]]
 
@@ -59,6 +60,8 @@ class Resolution(BaseModel):
     dns_servers: tuple[IPAddress, ...] = ()
     #: seconds until the first of those answers expires (None: no hostname was resolved)
     ttl_s: float | None = None
+    #: a policy with wildcards: the sets and resolver configuration of this apply
+    names: NameSets | None = None
 
     @field_validator("addresses", mode="after")
     @classmethod
@@ -104,11 +107,18 @@ async def resolve_policy(
     return Resolution(addresses=addresses, dns_servers=tuple(dns_servers))
 
 
-def address_rules(policy: NetworkPolicy, resolved: Resolution) -> list[AddressRule]:
-    """The policy's targets as (network, port) pairs, hostnames replaced by their addresses."""
+def address_rules(
+    policy: NetworkPolicy, resolved: Resolution, *, skip_wildcards: bool = False
+) -> list[AddressRule]:
+    """The policy's targets as (network, port) pairs, hostnames replaced by their addresses.
+
+    A wildcard has no addresses: it is an error unless `skip_wildcards` (a renderer that
+    enforces them through corral's resolver and its sets, `network.wildcard`)."""
     rules: list[AddressRule] = []
     for target in policy.targets:
         if target.entry_type is EntryType.WILDCARD_HOSTNAME:
+            if skip_wildcards and policy.network_mode is NetworkMode.ALLOWLIST:
+                continue
             raise NetworkPolicyUnsupported(
                 f"wildcard entry {str(target)!r} cannot be expanded to addresses"
             )
@@ -128,7 +138,12 @@ def hostnames(policy: NetworkPolicy) -> list[str]:
 
 
 def needs_dns(policy: NetworkPolicy) -> bool:
-    """Whether the sandbox must reach its resolver for the policy to be usable."""
+    """Whether the sandbox must reach its resolver for the policy to be usable.
+
+    Not under an allowlist with a wildcard: DNS then goes only to corral's own resolver
+    (`network.wildcard`), and the sandbox's resolvers are closed."""
     if policy.network_mode is NetworkMode.ALLOWLIST:
+        if any(t.entry_type is EntryType.WILDCARD_HOSTNAME for t in policy.allowed_hosts):
+            return False
         return any(t.entry_type is EntryType.HOSTNAME for t in policy.allowed_hosts)
     return policy.network_mode in (NetworkMode.PUBLIC, NetworkMode.DENYLIST)

@@ -177,7 +177,7 @@ async def test_failed_switch_keeps_the_old_policy(
 ) -> None:
     async with docker_env.session(plan("no-network")) as sandbox:
         with pytest.raises(ValueError, match="wildcard"):
-            await sandbox.set_network_policy(NetworkPolicy.allowlist("*.corral.test"))
+            await sandbox.set_network_policy(NetworkPolicy.denylist("*.corral.test"))
         assert sandbox.policy == NetworkPolicy.no_network()
         assert not await tcp(sandbox, tcp_targets[0])
 

@@ -85,7 +85,8 @@ def test_capabilities_are_what_the_provider_enforces() -> None:
     docker = capability_flags(ENVIRONMENTS.get("docker"))
     assert docker["disable_internet"] and docker["network_allowlist"]
     assert docker["dynamic_network_policy"]
-    assert not docker["network_allowlist_wildcard_hostnames"]
+    # Docker enforces wildcards through corral's resolver in the holder; Kubernetes cannot.
+    assert docker["network_allowlist_wildcard_hostnames"]
     for kind in ("hostnames", "ipv4_addresses", "ipv6_addresses", "ipv4_cidrs", "ipv6_cidrs"):
         assert docker[f"network_allowlist_{kind}"], kind
     local = capability_flags(ENVIRONMENTS.get("local"))

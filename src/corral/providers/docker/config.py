@@ -92,6 +92,12 @@ class DockerConfig(RuntimeEnvironmentConfig):
         default_factory=dict[str, str],
         description="hostname -> address entries for /etc/hosts ('host-gateway' allowed)",
     )
+    wildcard_dns_servers: tuple[str, ...] | None = Field(
+        default=None,
+        description="IP addresses of the resolvers corral's own resolver (in the holder, "
+        "for policies with wildcard hostnames) forwards allowed names to, over TCP port 53; "
+        "default: the engine's, read once from a container on its default bridge network",
+    )
     published_ports: tuple[int, ...] = Field(
         default=(), description="sandbox ports published on 127.0.0.1 for endpoint()"
     )
@@ -144,6 +150,27 @@ class DockerConfig(RuntimeEnvironmentConfig):
         description="seconds a snapshot image from session.save() is kept for fork(); "
         "`corral gc` removes it after that",
     )
+
+    @field_validator("wildcard_dns_servers")
+    @classmethod
+    def _wildcard_dns_servers(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        servers: list[str] = []
+        for server in value:
+            try:
+                address = ipaddress.ip_address(server)
+            except ValueError:
+                raise ValueError(
+                    f"wildcard_dns_servers entry {server!r} is not an IP address"
+                ) from None
+            if address.is_loopback or address.is_unspecified:
+                raise ValueError(
+                    f"wildcard_dns_servers entry {server!r} would be the sandbox's own "
+                    "namespace; give an address outside it"
+                )
+            servers.append(str(address))
+        return tuple(servers) or None
 
     @field_validator("address_pool")
     @classmethod

@@ -12,12 +12,16 @@ import io
 import secrets
 import tarfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
+import anyio
 from docker.errors import APIError
 
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
 from corral.core.session import ExecResult
 from corral.errors import NetworkPolicyNotEnforced, ProviderError
+from corral.helper import helper_binary
 from corral.network.dns import Answer, resolve_names
 from corral.network.events import EventLog, phase_in_rules
 from corral.network.iptables import CHAIN, render_iptables
@@ -26,17 +30,100 @@ from corral.network.policy_record import PolicyRecord, read_record
 from corral.network.probe import DISCARD_PORT, forbidden_probe
 from corral.network.resolve import Resolution, parse_resolv_conf, resolve_policy
 from corral.network.targets import EntryType, IPAddress
+from corral.network.wildcard import RESOLVER, NameSets, has_wildcards, refuse_all_config
 from corral.providers.docker.engine import Engine, call
 from corral.providers.docker.execution import run_exec
 
-_APPLY = r"""
+#: corral's resolver for wildcard policies (`network.wildcard`), in the holder's own
+#: filesystem: the helper binary, its config, `loaded` and `pid` (see helper/dns.go).
+DNS_DIR = "/.corral-dns"
+_DNS = r"""
+D=/.corral-dns
+dns_pid() {
+  p=$(cat "$D/pid" 2>/dev/null) || return 1
+  grep -qa -- --dns "/proc/$p/cmdline" 2>/dev/null && echo "$p"
+}
+drop_sets() { # keep: the generation whose sets stay
+  for s in $(ipset list -n 2>/dev/null); do
+    case "$s" in
+      corral-"$1"-*) ;;
+      corral-*) ipset destroy "$s" || echo "destroying $s failed" >&2 ;;
+    esac
+  done
+}
+dns_undo() {
+  [ -n "$CORRAL_DNS_GEN" ] || return 0
+  if [ -e "$D/config.prev" ]; then
+    mv "$D/config.prev" "$D/config.json"
+    p=$(dns_pid) && kill -HUP "$p"
+  fi
+  for s in $(ipset list -n 2>/dev/null); do
+    case "$s" in corral-"$CORRAL_DNS_GEN"-*) ipset destroy "$s" 2>/dev/null ;; esac
+  done
+}
+dns_prepare() {
+  [ -n "$CORRAL_DNS_GEN" ] || return 0
+  if [ -z "$CORRAL_DNS_SETS" ] && [ -z "$CORRAL_DNS_START" ] && [ ! -d "$D" ]; then
+    CORRAL_DNS_GEN=; return 0  # no wildcard now, and corral's resolver never ran here
+  fi
+  if [ -n "$CORRAL_DNS_SETS" ] || [ -n "$CORRAL_DNS_START" ]; then
+    [ -x "$D/resolver" ] || { echo 'corral-dns: no resolver binary' >&2; exit 7; }
+  fi
+  if [ -n "$CORRAL_DNS_SETS" ]; then
+    printf '%s' "$CORRAL_DNS_SETS" | ipset -exist restore \
+      || { echo 'creating the ipsets failed (has the holder image ipset?)' >&2; dns_undo; exit 5; }
+  fi
+  rm -f "$D/config.prev"
+  [ -e "$D/config.json" ] && cp "$D/config.json" "$D/config.prev"
+  printf '%s' "$CORRAL_DNS_CONFIG" > "$D/config.tmp" && mv "$D/config.tmp" "$D/config.json"
+  if p=$(dns_pid); then
+    kill -HUP "$p"
+  elif [ -n "$CORRAL_DNS_SETS" ] || [ -n "$CORRAL_DNS_START" ]; then
+    rm -f "$D/loaded"
+    setsid "$D/resolver" --dns "$D" </dev/null >>"$D/log" 2>&1 &
+  else
+    return 0
+  fi
+  i=0
+  while [ "$(cat "$D/loaded" 2>/dev/null)" != "$CORRAL_DNS_GEN" ]; do
+    i=$((i + 1))
+    if [ $i -gt 100 ]; then
+      echo "corral's resolver did not take its configuration:" \
+        "$(cat "$D/loaded" 2>/dev/null) $(tail -c 300 "$D/log" 2>/dev/null)" >&2
+      dns_undo; exit 6
+    fi
+    sleep 0.05
+  done
+}
+dns_finish() {
+  [ -n "$CORRAL_DNS_GEN" ] || return 0
+  rm -f "$D/config.prev"
+  drop_sets "$CORRAL_DNS_GEN"
+  # The sandbox shares this file: it points there at corral's resolver or the network's.
+  # Only a convenience: the rules, not this file, decide what resolves.
+  awk -v ns="$CORRAL_DNS_NAMESERVERS" '
+    BEGIN {n = split(ns, a, " "); for (i = 1; i <= n; i++) print "nameserver " a[i]}
+    $1 != "nameserver"' /etc/resolv.conf > "$D/resolv.tmp" \
+    && cat "$D/resolv.tmp" > /etc/resolv.conf
+}
+"""
+_APPLY = (
+    _DNS
+    + r"""
+dns_prepare
 old=$(iptables-save -t filter 2>/dev/null)
-printf '%s' "$CORRAL_V4" | iptables-restore -w 5 || { echo 'iptables-restore failed' >&2; exit 3; }
+if ! printf '%s' "$CORRAL_V4" | iptables-restore -w 5; then
+  echo 'iptables-restore failed' >&2
+  dns_undo
+  exit 3
+fi
 if ! printf '%s' "$CORRAL_V6" | ip6tables-restore -w 5; then
   echo 'ip6tables-restore failed' >&2
   [ -n "$old" ] && printf '%s\n' "$old" | iptables-restore -w 5
+  dns_undo
   exit 4
 fi
+dns_finish
 [ -z "$CORRAL_PROBE_HOST" ] && exit 0
 if busybox nc -w 2 "$CORRAL_PROBE_HOST" "$CORRAL_PROBE_PORT" </dev/null >/dev/null 2>&1; then
   echo probe=connected
@@ -46,6 +133,7 @@ fi
 $CORRAL_PROBE_TABLES -w 5 -nvxL "$CORRAL_CHAIN" \
   | awk '$3 == "REJECT" {n += $1} END {print "rejects=" n+0}'
 """
+)
 _SAVED = "iptables-save -t filter && echo '#corral-ipv6' && ip6tables-save -t filter"
 _REJECTS = r"""$1 -w 5 -nvxL "$2" | awk '$3 == "REJECT" {n += $1} END {print n+0}'"""
 #: corral's own static busybox, from its holder image, for the probe from the sandbox.
@@ -111,6 +199,64 @@ async def resolve_in(
         raise ProviderError(f"resolving {', '.join(hosts)} failed: {exc}") from None
 
 
+#: the engine's own upstream resolvers, by engine address (read once per process)
+_ENGINE_RESOLVERS: dict[str, tuple[IPAddress, ...]] = {}
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where corral's wildcard resolver forwards allowed names: the configured servers,
+    else the engine's own, read once from a container of corral's image on the engine's
+    default bridge network (whose resolv.conf the engine fills with the resolvers its
+    embedded DNS server forwards to). Docker's embedded server itself cannot be used: it
+    forwards from inside the sandbox's namespace, unmarked, like the sandbox would."""
+
+    configured: tuple[IPAddress, ...] | None
+    image: str
+    labels: dict[str, str] = field(default_factory=dict[str, str])
+
+    async def servers(self, api: Engine, tokens: int) -> tuple[IPAddress, ...]:
+        if self.configured:
+            return self.configured
+        key = str(api.base_url)
+        if key not in _ENGINE_RESOLVERS:
+            found = await call(tokens, _read_engine_resolvers, api, self.image, self.labels)
+            if not found:
+                raise ProviderError(
+                    "the engine's default bridge network gives no resolver for corral's "
+                    "wildcard resolver to forward to; set wildcard_dns_servers"
+                )
+            _ENGINE_RESOLVERS[key] = found
+        return _ENGINE_RESOLVERS[key]
+
+
+def _read_engine_resolvers(
+    api: Engine, image: str, labels: dict[str, str]
+) -> tuple[IPAddress, ...]:
+    """The nameservers of a container on the default bridge (blocking)."""
+    host_config = api.create_host_config(
+        network_mode="bridge", cap_drop=["ALL"], security_opt=["no-new-privileges"]
+    )
+    name = f"corral-resolvers-{secrets.token_hex(4)}"
+    try:
+        api.create_container(
+            image, ["cat", "/etc/resolv.conf"], name=name, labels=labels, host_config=host_config
+        )
+        try:
+            api.start(name)
+            api.wait(name, timeout=30)
+            text = api.logs(name, stdout=True, stderr=False).decode(errors="replace")
+        finally:
+            with contextlib.suppress(APIError):
+                api.remove_container(name, force=True)
+    except APIError as exc:
+        raise ProviderError(
+            f"reading the engine's resolvers (for wildcard hostnames) failed: {exc}; "
+            "set wildcard_dns_servers"
+        ) from None
+    return tuple(a for a in parse_resolv_conf(text) if not a.is_loopback)
+
+
 async def resolve(
     api: Engine,
     tokens: int,
@@ -119,8 +265,10 @@ async def resolve(
     *,
     dns: tuple[IPAddress, ...],
     extra_hosts: Mapping[str, str],
+    upstream: Upstream | None = None,
 ) -> Resolution:
-    """The policy's hostnames as corral resolves them from `container` (holder image)."""
+    """The policy's hostnames as corral resolves them from `container` (holder image);
+    for a policy with wildcards, also fresh sets for it (`network.wildcard`)."""
     hostnames = [t.host for t in policy.targets if t.entry_type is EntryType.HOSTNAME]
     answers = await resolve_in(api, tokens, container, hostnames, servers=dns, static=extra_hosts)
 
@@ -129,8 +277,16 @@ async def resolve(
         return answer.addresses if answer else ()
 
     ttls = [a.ttl for a in answers.values() if a.addresses]
+    names: NameSets | None = None
+    if has_wildcards(policy):
+        if upstream is None:
+            raise ProviderError(f"policy {policy} has wildcards, but no upstream resolver")
+        names = NameSets.fresh(await upstream.servers(api, tokens))
     return (await resolve_policy(policy, lookup, dns)).model_copy(
-        update={"ttl_s": float(min(ttls)) if ttls else (0.0 if answers else None)}
+        update={
+            "ttl_s": float(min(ttls)) if ttls else (0.0 if answers else None),
+            "names": names,
+        }
     )
 
 
@@ -144,15 +300,29 @@ async def apply_policy(
     probe_candidates: list[tuple[IPAddress, int]],
     phase: Phase | None,
     events: EventLog | None = None,
+    start_resolver: bool = False,
 ) -> None:
     """Render and apply `policy` in one holder exec, then check it with a probe.
 
-    Refusals are logged stamped with `phase`; the probe's own is taken out of `events`."""
+    Refusals are logged stamped with `phase`; the probe's own is taken out of `events`.
+    A policy with wildcards (or `start_resolver`: a later phase will have some, and the
+    sandbox does not exist yet) also gets corral's resolver in the holder, started if it
+    does not run; a policy without switches a running one to refusing every name."""
     payload = render_iptables(policy, resolved, phase=phase)
     probe = forbidden_probe(policy, resolved, probe_candidates)
     if probe is not None and events is not None:
         events.expect_own(*probe)
+    names = resolved.names if has_wildcards(policy) else None
+    generation = names.generation if names is not None else f"off{secrets.token_hex(4)}"
+    nameservers = [RESOLVER] if names is not None else resolved.dns_servers
     env = {
+        "CORRAL_DNS_GEN": generation,
+        "CORRAL_DNS_SETS": names.ipset_payload(policy) if names is not None else "",
+        "CORRAL_DNS_CONFIG": names.resolver_config(policy)
+        if names is not None
+        else refuse_all_config(generation),
+        "CORRAL_DNS_START": "1" if start_resolver else "",
+        "CORRAL_DNS_NAMESERVERS": " ".join(str(a) for a in nameservers),
         "CORRAL_V4": payload.ipv4,
         "CORRAL_V6": payload.ipv6,
         "CORRAL_CHAIN": CHAIN,
@@ -161,6 +331,9 @@ async def apply_policy(
         "CORRAL_PROBE_TABLES": "ip6tables" if probe and probe[0].version == 6 else "iptables",
     }
     result = await _as_root(api, tokens, holder, ["sh", "-c", _APPLY], env)
+    if result.returncode == 7:  # corral's resolver is not in this holder yet: nothing changed
+        await _install_resolver(api, tokens, holder)
+        result = await _as_root(api, tokens, holder, ["sh", "-c", _APPLY], env)
     if result.returncode != 0:
         raise ProviderError(
             f"applying network policy {policy} failed (exit {result.returncode}): "
@@ -177,6 +350,34 @@ async def apply_policy(
             raise NetworkPolicyNotEnforced(
                 f"probe to {target} failed, but not through corral's rules (no REJECT counted)"
             )
+
+
+async def _install_resolver(api: Engine, tokens: int, holder: str) -> None:
+    """corral's helper into the holder's own filesystem as DNS_DIR/resolver."""
+    version: dict[str, Any] = await call(tokens, api.version)
+    binary = helper_binary(str(version.get("Arch", "")))
+    if binary is None:
+        raise ProviderError(
+            "wildcard hostnames need corral's helper binary for the engine's architecture "
+            "(build it with helper/build.sh); the previous policy is still in force"
+        )
+    archive = await anyio.to_thread.run_sync(_resolver_archive, binary.read_bytes())
+    try:
+        await call(tokens, api.put_archive, holder, "/", archive)
+    except APIError as exc:
+        raise ProviderError(f"putting corral's resolver into the holder failed: {exc}") from None
+
+
+def _resolver_archive(data: bytes) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        folder = tarfile.TarInfo(DNS_DIR.lstrip("/"))
+        folder.type, folder.mode = tarfile.DIRTYPE, 0o700
+        archive.addfile(folder)
+        info = tarfile.TarInfo(f"{DNS_DIR.lstrip('/')}/resolver")
+        info.size, info.mode = len(data), 0o700
+        archive.addfile(info, io.BytesIO(data))
+    return out.getvalue()
 
 
 async def policy_in_force(

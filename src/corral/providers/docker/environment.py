@@ -59,9 +59,11 @@ from corral.network.policy import NetworkMode, NetworkPolicy, Phase
 from corral.network.probe import DISCARD_PORT
 from corral.network.resolve import Resolution
 from corral.network.targets import EntryType, IPAddress
+from corral.network.wildcard import has_wildcards
 from corral.providers.docker import snapshots
 from corral.providers.docker.config import DockerConfig
 from corral.providers.docker.enforcement import (
+    Upstream,
     apply_policy,
     dns_servers,
     policy_in_force,
@@ -121,7 +123,8 @@ class DockerEnvironment(BaseEnvironment):
     id: ClassVar[str] = "docker"
     config_model = DockerConfig
     supported_network_modes = frozenset(NetworkMode)
-    supported_allowlist_entry_types = frozenset(EntryType) - {EntryType.WILDCARD_HOSTNAME}
+    supported_allowlist_entry_types = frozenset(EntryType)
+    supported_denylist_entry_types = frozenset(EntryType) - {EntryType.WILDCARD_HOSTNAME}
     supports_network_target_ports = True
     supports_dynamic_network_policy = True
     supports_reattach = True
@@ -301,7 +304,7 @@ class DockerEnvironment(BaseEnvironment):
         feed = await self._start_events(client, owned, sid, holder["Id"])
         dns = await dns_servers(client.api, cfg.max_workers, holder["Id"])
         baseline = await self._apply_baseline(
-            client, sid, holder, plan.network.baseline, dns, feed.log
+            client, sid, holder, plan.network.baseline, dns, feed.log, labels, plan
         )
         sandbox = await self._start_sandbox(client, owned, sid, holder["Id"], image, plan, labels)
         session = self._session(
@@ -375,7 +378,9 @@ class DockerEnvironment(BaseEnvironment):
         host_config = client.api.create_host_config(
             network_mode=network,
             cap_drop=["ALL"],
-            cap_add=["NET_ADMIN"],
+            # NET_RAW: iptables' set match (wildcard policies) looks sets up over a raw
+            # socket. Only corral's own commands run here; the sandbox gets neither.
+            cap_add=["NET_ADMIN", "NET_RAW"],
             security_opt=["no-new-privileges"],
             init=True,
             auto_remove=True,
@@ -436,11 +441,26 @@ class DockerEnvironment(BaseEnvironment):
         policy: NetworkPolicy,
         dns: tuple[IPAddress, ...],
         events: EventLog,
+        labels: dict[str, str],
+        plan: ExecutionPlan,
     ) -> Resolution:
-        """`policy` in force in the holder's namespace, probed, before any sandbox joins."""
-        tokens = self.config.max_workers
+        """`policy` in force in the holder's namespace, probed, before any sandbox joins
+        (and corral's resolver bound, if any phase has a wildcard: see network.wildcard)."""
+        cfg = self.config
+        tokens = cfg.max_workers
+        upstream = Upstream(
+            tuple(ipaddress.ip_address(a) for a in cfg.wildcard_dns_servers or ()) or None,
+            cfg.holder_image,
+            labels,
+        )
         resolved = await resolve(
-            client.api, tokens, holder["Id"], policy, dns=dns, extra_hosts=self.config.extra_hosts
+            client.api,
+            tokens,
+            holder["Id"],
+            policy,
+            dns=dns,
+            extra_hosts=cfg.extra_hosts,
+            upstream=upstream,
         )
         try:
             await apply_policy(
@@ -452,6 +472,7 @@ class DockerEnvironment(BaseEnvironment):
                 probe_candidates=[(_gateway(holder, sid), DISCARD_PORT)],
                 phase="baseline",
                 events=events,
+                start_resolver=any(has_wildcards(p) for _, p in plan.network.items()),
             )
         except NetworkPolicyNotEnforced as exc:
             raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
@@ -587,6 +608,7 @@ class DockerEnvironment(BaseEnvironment):
             snapshot_lifetime_s=cfg.snapshot_lifetime_s,
             phase=phase,
             events=events,
+            wildcard_dns_servers=cfg.wildcard_dns_servers,
         )
         session.image = sandbox["Config"]["Image"]
         return session

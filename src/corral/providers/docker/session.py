@@ -3,6 +3,7 @@ plan's services in that network (`services`)."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import posixpath
 import secrets
@@ -34,7 +35,12 @@ from corral.network.resolve import Resolution, needs_dns
 from corral.network.targets import EntryType, IPAddress
 from corral.providers.docker import snapshots
 from corral.providers.docker.channel import ChannelExecutor
-from corral.providers.docker.enforcement import apply_policy, probe_from_sandbox, resolve
+from corral.providers.docker.enforcement import (
+    Upstream,
+    apply_policy,
+    probe_from_sandbox,
+    resolve,
+)
 from corral.providers.docker.engine import Engine, call
 from corral.providers.docker.events import EventFeed
 from corral.providers.docker.executor import Executor, PlainExecutor
@@ -88,6 +94,7 @@ class DockerSession(EnvironmentSession):
         snapshot_lifetime_s: float,
         phase: Phase | None,
         events: EventFeed,
+        wildcard_dns_servers: tuple[str, ...] | None = None,
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.phase = phase
@@ -122,6 +129,12 @@ class DockerSession(EnvironmentSession):
             else PlainExecutor(client.api, tokens, sandbox)
         )
         self.snapshot_lifetime_s = snapshot_lifetime_s
+        #: where corral's resolver forwards the names a wildcard policy allows
+        self.upstream = Upstream(
+            tuple(ipaddress.ip_address(a) for a in wildcard_dns_servers or ()) or None,
+            resolver_image,
+            labels,
+        )
         #: the running services' containers, by name (`add_service`); a name of
         #: `services` missing here is a service whose container is gone
         self.service_containers: dict[str, Container] = {}
@@ -367,6 +380,7 @@ class DockerSession(EnvironmentSession):
             policy,
             dns=self.dns,
             extra_hosts=self.extra_hosts,
+            upstream=self.upstream,
         )
 
     async def _apply(self, policy: NetworkPolicy) -> None:
