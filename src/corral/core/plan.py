@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any, Literal, Protocol, Self, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, Self, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 from corral.core.redact import masked_env
 from corral.errors import ConfigError
@@ -77,6 +85,23 @@ def _check_env_names(value: dict[str, str | SecretStr]) -> dict[str, str | Secre
     return value
 
 
+def _check_image(value: str) -> str:
+    if not value.strip() or any(c.isspace() for c in value):
+        raise ValueError(f"image {value!r} must be a non-empty name without whitespace")
+    return value
+
+
+def _check_workdir(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"workdir {value!r} must be an absolute path")
+    return value
+
+
+ImageName = Annotated[str, AfterValidator(_check_image)]
+AbsolutePath = Annotated[str, AfterValidator(_check_workdir)]
+Env = Annotated[dict[str, str | SecretStr], AfterValidator(_check_env_names)]
+
+
 class Healthcheck(BaseModel):
     """A command run inside a service until it exits 0: `open()` returns only once every
     service with one is healthy (within `timeouts.startup_s`)."""
@@ -111,41 +136,22 @@ class ServiceSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
-    image: str
+    image: ImageName
     command: list[str] | None = Field(
         default=None, description="replaces the image's command; None: the image's own"
     )
-    env: dict[str, str | SecretStr] = Field(
+    env: Env = Field(
         default={}, description="its processes' environment; secret-looking names are masked"
     )
     public_env_names: frozenset[str] = frozenset()
     healthcheck: Healthcheck | None = None
     resources: Resources = Resources()
-    workdir: str | None = None
+    workdir: AbsolutePath | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _mask_env_first(cls, data: Any) -> Any:
         return _mask_env_of(data)
-
-    @field_validator("image")
-    @classmethod
-    def _image_name(cls, value: str) -> str:
-        if not value.strip() or any(c.isspace() for c in value):
-            raise ValueError(f"service image {value!r} must be a non-empty name without whitespace")
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, value: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
-        return _check_env_names(value)
-
-    @field_validator("workdir")
-    @classmethod
-    def _workdir(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
-            raise ValueError(f"service workdir {value!r} must be an absolute path")
-        return value
 
 
 class ExecutionPlan(BaseModel):
@@ -159,16 +165,16 @@ class ExecutionPlan(BaseModel):
     # Inputs stay out of validation errors: a bad field would otherwise print the env.
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
-    image: str | None = None
+    image: ImageName | None = None
     native: dict[str, Any] | None = Field(
         default=None, description="provider-native selector (build context, snapshot, pod template)"
     )
-    task_image: str | None = None
-    fallback_image: str | None = None
+    task_image: ImageName | None = None
+    fallback_image: ImageName | None = None
     resources: Resources = Resources()
     task_resources: Resources = Resources()
-    workdir: str | None = None
-    env: dict[str, str | SecretStr] = Field(
+    workdir: AbsolutePath | None = None
+    env: Env = Field(
         default={},
         description="environment of the sandbox's processes; values may be SecretStr, and "
         "are made one where the name looks like a credential",
@@ -191,18 +197,6 @@ class ExecutionPlan(BaseModel):
         "and policy (providers declaring `supports_services`)",
     )
 
-    @field_validator("image", "task_image", "fallback_image")
-    @classmethod
-    def _image_name(cls, value: str | None) -> str | None:
-        if value is not None and (not value.strip() or any(c.isspace() for c in value)):
-            raise ValueError(f"image {value!r} must be a non-empty name without whitespace")
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, value: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
-        return _check_env_names(value)
-
     @field_validator("services")
     @classmethod
     def _service_names(cls, value: dict[str, ServiceSpec]) -> dict[str, ServiceSpec]:
@@ -224,13 +218,6 @@ class ExecutionPlan(BaseModel):
     def _mask_env(self) -> Self:
         object.__setattr__(self, "env", masked_env(self.env, self.public_env_names))
         return self
-
-    @field_validator("workdir")
-    @classmethod
-    def _workdir(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
-            raise ValueError(f"workdir {value!r} must be an absolute path")
-        return value
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy with `update` applied; env values are masked as at validation."""

@@ -39,18 +39,23 @@ def whoami() -> Solver:
     return solve
 
 
-def test_an_eval_runs_in_a_corral_sandbox(engine: Any, owner: str, tmp_path: Path) -> None:
-    config = DOCKER_NONROOT.config(owner)
+def scores_one(config: CorralSandboxConfig, solver: Solver, sample: Sample, log_dir: Path) -> None:
+    """Inspect's eval of `sample` with `solver` in a corral sandbox scores 1 (`includes`)."""
     task = Task(
-        dataset=[Sample(input="who runs here?", target="corral")],
-        solver=whoami(),
+        dataset=[sample],
+        solver=solver,
         scorer=includes(),
         sandbox=SandboxEnvironmentSpec("corral", config),
     )
-    [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path), display="none")
+    [log] = eval(task, model="mockllm/model", log_dir=str(log_dir), display="none")
     assert log.status == "success", log.error
     assert log.results is not None
     assert log.results.scores[0].metrics["accuracy"].value == 1.0
+
+
+def test_an_eval_runs_in_a_corral_sandbox(engine: Any, owner: str, tmp_path: Path) -> None:
+    sample = Sample(input="who runs here?", target="corral")
+    scores_one(DOCKER_NONROOT.config(owner), whoami(), sample, tmp_path)
     assert _owned(engine, owner) == []
 
 

@@ -7,16 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inspect_ai import Task, eval  # pyright: ignore[reportUnknownVariableType]
 from inspect_ai.dataset import Sample
-from inspect_ai.scorer import includes
 from inspect_ai.solver import Generate, Solver, TaskState, solver
-from inspect_ai.util import SandboxEnvironmentSpec, sandbox
+from inspect_ai.util import sandbox
 
 from corral.adapters.inspect import CorralSandboxConfig
 from corral.adapters.inspect.config import load_config
 from corral.compose import plan_from_compose
 from tests.integration.adapters.inspect_configs import DOCKER
+from tests.integration.adapters.test_inspect_lifecycle import scores_one
 from tests.integration.docker.conftest import TEST_IMAGE
 
 pytestmark = pytest.mark.docker
@@ -61,15 +60,7 @@ def test_compose_services_are_named_sandboxes(engine: Any, owner: str, tmp_path:
         provider_config={**DOCKER, "owner": owner},
         plan=plan_from_compose(path),
     )
-    task = Task(
-        dataset=[Sample(input="fetch", target="flag.txt served-by-web")],
-        solver=fetch_from_the_service(),
-        scorer=includes(),
-        sandbox=SandboxEnvironmentSpec("corral", config),
-    )
-    [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path), display="none")
-    assert log.status == "success", log.error
-    assert log.results is not None
-    assert log.results.scores[0].metrics["accuracy"].value == 1.0
+    sample = Sample(input="fetch", target="flag.txt served-by-web")
+    scores_one(config, fetch_from_the_service(), sample, tmp_path)
     selector = {"label": f"corral.owner={owner}"}
     assert engine.containers.list(all=True, filters=selector) == []
