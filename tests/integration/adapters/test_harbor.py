@@ -116,7 +116,7 @@ def test_failed_start_leaves_nothing(
     assert leftovers(engine, owner) == []
 
 
-def environment(owner: str, tmp_path: Path, policy: Any = None) -> Any:
+def environment(owner: str, tmp_path: Path, policy: Any = None, **extra: Any) -> Any:
     """A CorralEnvironment built as Harbor's trial builds one, without a trial."""
     from corral.adapters.harbor import CorralEnvironment
 
@@ -133,6 +133,7 @@ def environment(owner: str, tmp_path: Path, policy: Any = None) -> Any:
         network_policy=policy,
         provider="docker",
         provider_config=env_config(owner),
+        **extra,
     )
 
 
@@ -186,3 +187,47 @@ def test_a_wildcard_allowlist_is_accepted_on_docker(owner: str, tmp_path: Path) 
     # (tests/integration/docker/test_docker_wildcard.py), so Harbor lets the task through.
     wildcard = hb_task.NetworkPolicy(network_mode="allowlist", allowed_hosts=["*.example.com"])
     assert environment(owner, tmp_path, wildcard) is not None
+
+
+SIDECAR = f"""
+services:
+  main:
+    build: .
+  web:
+    image: {TEST_IMAGE}
+    command: ["sleep", "infinity"]
+"""
+
+
+@pytest.mark.anyio
+async def test_service_calls_reach_a_compose_service(
+    engine: Any, owner: str, tmp_path: Path
+) -> None:
+    (tmp_path / "environment").mkdir()
+    (tmp_path / "environment" / "docker-compose.yaml").write_text(SIDECAR)
+    env = environment(owner, tmp_path)
+    assert env.capabilities.docker_compose
+    await env.start(force_build=False)
+    try:
+        wrote = await env.service_exec("echo from-web > /tmp/mark; hostname", service="web")
+        assert wrote.return_code == 0, wrote.stderr
+        main = await env.service_exec("cat /tmp/mark 2>&1 || true", service="main")
+        assert "from-web" not in (main.stdout or "")
+        await env.service_download_file("/tmp/mark", tmp_path / "mark", service="web")
+        assert (tmp_path / "mark").read_text() == "from-web\n"
+        await env.exec("setsid nohup sleep 1000 >/dev/null 2>&1 &")
+        await env.stop_service("main")  # the agent's processes end; the sandbox stays
+        left = await env.exec("ps -eo args | grep -c '[s]leep 1000' || true")
+        assert (left.stdout or "").strip() == "0"
+        still = await env.service_exec("cat /tmp/mark", service="web")
+        assert still.stdout == "from-web\n", "the service kept running"
+    finally:
+        await env.stop(delete=True)
+    assert leftovers(engine, owner) == []
+
+
+def test_compose_overlays_are_refused(owner: str, tmp_path: Path) -> None:
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(SIDECAR)
+    with pytest.raises(ValueError, match="extra-docker-compose.*overlay.yaml"):
+        environment(owner, tmp_path, extra_docker_compose=[overlay])

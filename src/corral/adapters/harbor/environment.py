@@ -72,6 +72,14 @@ def define(hb: Contract) -> type[Any]:
                     "corral environments take no Harbor mounts; give the provider its own "
                     "(docker: provider_config mounts)"
                 )
+            if self.extra_docker_compose_paths:
+                # Harbor lets a compose-capable environment take overlays; corral reads
+                # only the task's own file, so an overlay would be silently dropped.
+                raise ValueError(
+                    "corral environments take no --extra-docker-compose overlays "
+                    f"({', '.join(map(str, self.extra_docker_compose_paths))}); put the "
+                    "services in the task's environment/docker-compose.yaml"
+                )
             if self.task_env_config.gpu_types:
                 raise ValueError(
                     f"corral cannot choose GPU types ({self.task_env_config.gpu_types}); "
@@ -250,11 +258,14 @@ def define(hb: Contract) -> type[Any]:
             async def relay(stream: Stream, text: str) -> None:
                 await callback(text, stream)
 
-            who = self._resolve_user(user)
+            # The task's workdir, env and default user are the main service's; a sidecar
+            # runs with its own, and only what the call gives.
+            main = service is None
+            who = self._resolve_user(user) if main else user
             result = await self._live().exec(
                 shell_command(command),
-                cwd=cwd or self.task_env_config.workdir,
-                env=self._merge_env(env),
+                cwd=cwd or (self.task_env_config.workdir if main else None),
+                env=self._merge_env(env) if main else env,
                 user=None if who is None else str(who),
                 timeout=timeout_sec,
                 on_output=None if callback is None else relay,
