@@ -40,6 +40,7 @@ async def transfer_rows(
     tree = workspace_tree(ctx)
     down = ctx.workspace / "k8s-down"
     samples: dict[str, list[float]] = {"up": [], "up-cp": [], "down": [], "down-cp": []}
+    errors: list[BaseException] = []
     async with env.session(plan) as session:
         assert isinstance(session, KubernetesSession)
         pod = session.target.pod
@@ -49,7 +50,10 @@ async def transfer_rows(
             taken = {"up": await timed(lambda: session.upload_dir(tree, "/tmp/up"))}
             taken["up-cp"] = timed_sync(lambda: _kubectl_cp(base, str(tree), f"{pod}:/tmp/up-cp"))
             shutil.rmtree(down, ignore_errors=True)
-            taken["down"] = await timed(lambda: session.download_dir("/tmp/src", down))
+            try:
+                taken["down"] = await timed(lambda: session.download_dir("/tmp/src", down))
+            except Exception as exc:  # reported in the row, the other samples still count
+                errors.append(exc)
             shutil.rmtree(down, ignore_errors=True)
             taken["down-cp"] = timed_sync(lambda: _kubectl_cp(base, f"{pod}:/tmp/src", str(down)))
             landed = sum(1 for p in down.rglob("*") if p.is_file())
@@ -64,7 +68,13 @@ async def transfer_rows(
                 samples[key].append(value)
     rows: list[Row] = []
     for way, name in (("up", "upload_dir"), ("down", "download_dir")):
-        mine, theirs = summarize(samples[way]), summarize(samples[f"{way}-cp"])
+        theirs = summarize(samples[f"{way}-cp"])
+        mine = summarize(samples[way]) if samples[way] else None
+        note = f"{throughput(mine)} vs {throughput(theirs)}" if mine else ""
+        failed = errors if way == "down" else []
+        if failed:
+            runs = WARMUP + ctx.reps(7)
+            note += f"{'; ' if note else ''}failed {len(failed)} of {runs}: {failed[0]!r}"
         rows.append(
             Row(
                 f"k8s: {name} {LABEL}",
@@ -72,8 +82,8 @@ async def transfer_rows(
                 "`kubectl cp`",
                 theirs,
                 target=TARGET,
-                met=mine.median <= theirs.median,
-                note=f"{throughput(mine)} vs {throughput(theirs)}",
+                met=mine is not None and not failed and mine.median <= theirs.median,
+                note=note,
             )
         )
     return rows
