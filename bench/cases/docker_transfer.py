@@ -2,43 +2,24 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-from pathlib import Path
 
 from bench.context import Context, timed, timed_sync
 from bench.report import Row
-from bench.stats import Summary, summarize
+from bench.stats import summarize
+from bench.tree import LABEL, throughput, workspace_tree
 from corral.providers.docker.session import DockerSession
 
-FILES = 2000
-TOTAL_BYTES = 50 * 1000 * 1000
-PER_DIR = 100
 WARMUP = 1
-
-
-def make_tree(root: Path) -> None:
-    """2,000 incompressible files in 20 directories, 50 MB in all (made once per run)."""
-    size = TOTAL_BYTES // FILES
-    for index in range(FILES):
-        folder = root / f"d{index // PER_DIR:02d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"f{index:04d}.bin").write_bytes(os.urandom(size))
 
 
 def _docker_cp(source: str, dest: str) -> None:
     subprocess.run(["docker", "cp", source, dest], check=True, capture_output=True)
 
 
-def _throughput(summary: Summary) -> str:
-    return f"{TOTAL_BYTES / summary.median / 1e6:.0f} MB/s"
-
-
 async def run(ctx: Context) -> list[Row]:
-    tree = ctx.workspace / "tree"
-    if not tree.exists():
-        make_tree(tree)
+    tree = workspace_tree(ctx)
     down = ctx.workspace / "down"
     samples: dict[str, list[float]] = {"up": [], "up-cp": [], "down": [], "down-cp": []}
     async with ctx.env.session(ctx.plan()) as session:
@@ -67,13 +48,13 @@ async def run(ctx: Context) -> list[Row]:
         mine, theirs = summarize(samples[way]), summarize(samples[f"{way}-cp"])
         rows.append(
             Row(
-                f"{name} 2,000 files / 50 MB",
+                f"{name} {LABEL}",
                 mine,
                 "`docker cp`",
                 theirs,
                 target="throughput ≥ 1.0x (p50 time ≤ 1.0x)",
                 met=mine.median <= theirs.median,
-                note=f"{_throughput(mine)} vs {_throughput(theirs)}",
+                note=f"{throughput(mine)} vs {throughput(theirs)}",
             )
         )
     return rows

@@ -1,9 +1,10 @@
 """Kubernetes rows: Pod open with `no-network` enforced vs `kubectl run` + wait Ready,
-exec vs `kubectl exec`, and a policy patch until the probe sees it enforced.
+exec vs `kubectl exec`, a policy patch until the probe sees it enforced, directory
+transfers vs `kubectl cp` (k8s_transfer), and many Pods opened at once (k8s_scale: 100 in
+a full run, a fifth with --quick).
 
 Runs against KUBECONFIG (default: the cluster of tests/integration/cluster/up.sh) in a
 namespace of its own, removed at the end; skipped with the reason when no cluster answers.
-Not yet here: directory transfer vs `kubectl cp`, and 100 Pods at once.
 """
 
 from __future__ import annotations
@@ -17,16 +18,18 @@ from pathlib import Path
 
 import anyio
 
+from bench.cases.k8s_scale import FULL, scale_rows
+from bench.cases.k8s_transfer import transfer_rows
 from bench.context import TEST_IMAGE, Context, timed, timed_sync
-from bench.report import Row
+from bench.report import Row, ratio_at_most
 from bench.stats import summarize
 from corral import ExecutionPlan, NetworkPolicy
-from corral.errors import CorralError
 from corral.providers.k8s import KubernetesConfig, KubernetesEnvironment
 from corral.providers.k8s.session import KubernetesSession
 
 DEFAULT_KUBECONFIG = "/var/lib/corral-cluster/admin.kubeconfig"
 CACHED_KUBECTL = "/var/cache/corral/cluster/kubernetes-v1.34.4/bin/kubectl"
+OPEN_TARGET = 1.2
 
 
 def _locate() -> tuple[str, str] | None:
@@ -55,10 +58,19 @@ async def run(ctx: Context) -> list[Row]:
         )
     )
     base = [kubectl, "--kubeconfig", kubeconfig, "-n", namespace]
+    plan = ExecutionPlan.model_validate({"image": TEST_IMAGE, "network": "no-network"})
+    rows: list[Row] = []
     try:
-        return await _rows(ctx, env, base)
-    except CorralError as exc:
-        return [Row("k8s: open, exec, policy", note=f"failed: {exc}")]
+        for name, part in (
+            ("k8s: open, exec, policy", lambda: _rows(ctx, env, base)),
+            ("k8s: transfer", lambda: transfer_rows(ctx, env, base, plan)),
+            ("k8s: Pods at once", lambda: scale_rows(env, kubeconfig, plan, ctx.reps(FULL))),
+        ):
+            try:
+                rows += await part()
+            except Exception as exc:  # one part failing leaves the others' rows
+                rows.append(Row(name, note=f"failed: {exc!r}"))
+        return rows
     finally:
         await anyio.run_process(
             [*base[:3], "delete", "namespace", namespace, "--wait=false"], check=False
@@ -135,6 +147,8 @@ async def _rows(ctx: Context, env: KubernetesEnvironment, base: list[str]) -> li
             summarize(opens),
             "`kubectl run` + wait Ready (no policy)",
             summarize(runs),
+            target=f"p50 ≤ {OPEN_TARGET}x",
+            met=ratio_at_most(summarize(opens), summarize(runs), OPEN_TARGET),
         ),
         Row("k8s: exec `true`", summarize(execs), "`kubectl exec`", summarize(kexecs)),
         Row(

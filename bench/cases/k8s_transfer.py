@@ -1,0 +1,89 @@
+"""upload_dir and download_dir of the transfer tree (2,000 files / 50 MB) vs `kubectl cp`
+into and out of the same Pod, alternating repetition by repetition.
+
+`kubectl cp` runs `tar` in the sandbox container over an exec stream, as corral does; both
+land the tree exactly at the requested root (`kubectl cp DIR pod:/tmp/x` makes /tmp/x the
+tree's root, no nesting), and both start from a remote root that does not exist.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from bench.context import Context, timed, timed_sync
+from bench.report import Row
+from bench.stats import summarize
+from bench.tree import FILES, LABEL, throughput, workspace_tree
+from corral import ExecutionPlan
+from corral.providers.k8s import KubernetesEnvironment
+from corral.providers.k8s.pod import CONTAINER
+from corral.providers.k8s.session import KubernetesSession
+
+WARMUP = 1
+TARGET = "throughput ≥ 1.0x (p50 time ≤ 1.0x)"
+
+
+def _kubectl_cp(base: list[str], source: str, dest: str) -> None:
+    subprocess.run([*base, "cp", "-c", CONTAINER, source, dest], check=True, capture_output=True)
+
+
+async def _count(session: KubernetesSession, remote: str) -> int:
+    found = await session.exec(["sh", "-c", 'find "$1" -type f | wc -l', "sh", remote])
+    return int(found.stdout.strip() or 0)
+
+
+async def transfer_rows(
+    ctx: Context, env: KubernetesEnvironment, base: list[str], plan: ExecutionPlan
+) -> list[Row]:
+    """`base` is kubectl's argv up to the verb (kubeconfig and namespace given)."""
+    tree = workspace_tree(ctx)
+    down = ctx.workspace / "k8s-down"
+    samples: dict[str, list[float]] = {"up": [], "up-cp": [], "down": [], "down-cp": []}
+    errors: list[BaseException] = []
+    async with env.session(plan) as session:
+        assert isinstance(session, KubernetesSession)
+        pod = session.target.pod
+        await session.upload_dir(tree, "/tmp/src")
+        for rep in range(WARMUP + ctx.reps(7)):
+            await session.exec(["rm", "-rf", "/tmp/up", "/tmp/up-cp"])
+            taken = {"up": await timed(lambda: session.upload_dir(tree, "/tmp/up"))}
+            taken["up-cp"] = timed_sync(lambda: _kubectl_cp(base, str(tree), f"{pod}:/tmp/up-cp"))
+            shutil.rmtree(down, ignore_errors=True)
+            try:
+                taken["down"] = await timed(lambda: session.download_dir("/tmp/src", down))
+            except Exception as exc:  # reported in the row, the other samples still count
+                errors.append(exc)
+            shutil.rmtree(down, ignore_errors=True)
+            taken["down-cp"] = timed_sync(lambda: _kubectl_cp(base, f"{pod}:/tmp/src", str(down)))
+            landed = sum(1 for p in down.rglob("*") if p.is_file())
+            shutil.rmtree(down, ignore_errors=True)
+            if rep < WARMUP:
+                # Both ways, both tools: the whole tree, at the root asked for.
+                counts = [*[await _count(session, r) for r in ("/tmp/up", "/tmp/up-cp")], landed]
+                if counts != [FILES] * 3:
+                    raise RuntimeError(f"files landed (up, up-cp, down-cp): {counts}")
+                continue
+            for key, value in taken.items():
+                samples[key].append(value)
+    rows: list[Row] = []
+    for way, name in (("up", "upload_dir"), ("down", "download_dir")):
+        theirs = summarize(samples[f"{way}-cp"])
+        mine = summarize(samples[way]) if samples[way] else None
+        note = f"{throughput(mine)} vs {throughput(theirs)}" if mine else ""
+        failed = errors if way == "down" else []
+        if failed:
+            runs = WARMUP + ctx.reps(7)
+            note += f"{'; ' if note else ''}failed {len(failed)} of {runs}: {failed[0]!r}"
+        rows.append(
+            Row(
+                f"k8s: {name} {LABEL}",
+                mine,
+                "`kubectl cp`",
+                theirs,
+                target=TARGET,
+                met=mine is not None and not failed and mine.median <= theirs.median,
+                note=note,
+            )
+        )
+    return rows
