@@ -21,8 +21,13 @@ from typing import Any
 import anyio
 import anyio.from_thread
 from kubernetes.client.exceptions import ApiException
-from kubernetes.stream.ws_client import ERROR_CHANNEL, STDERR_CHANNEL, STDOUT_CHANNEL
-from websocket import WebSocketException
+from kubernetes.stream.ws_client import (
+    CLOSE_CHANNEL,
+    ERROR_CHANNEL,
+    STDERR_CHANNEL,
+    STDOUT_CHANNEL,
+)
+from websocket import ABNF, WebSocketException, WebSocketTimeoutException
 
 from corral.core.capture import Capture
 from corral.core.markers import MARKER, kill_tree_argv, new_marker
@@ -33,6 +38,8 @@ from corral.providers.k8s.api import TRANSPORT_ERRORS, Api, call, explain, stopp
 stream: Api = importlib.import_module("kubernetes.stream").stream
 
 FRAME = 1024 * 1024
+#: seconds between looks at the deadline and the stop event while no frame arrives
+POLL_S = 0.2
 _CHANNELS: dict[int, Stream] = {STDOUT_CHANNEL: "stdout", STDERR_CHANNEL: "stderr"}
 
 Sink = Callable[[Stream, bytes], None]
@@ -124,17 +131,12 @@ class ExecStream:
                             return
                         ws.write_stdin(chunk[start : start + FRAME])
                 ws.close_channel(0)
-            while ws.is_open():
-                if self.stop.is_set():
-                    return
-                if self.deadline is not None and time.monotonic() > self.deadline:
-                    self.timed_out = True
-                    return
-                ws.update(timeout=0.2)
-                yield from _drain(ws)
-                status += _channel(ws, ERROR_CHANNEL)
-            yield from _drain(ws)
-            status += _channel(ws, ERROR_CHANNEL)
+            for channel, data in self._frames(ws.sock):
+                name = _CHANNELS.get(channel)
+                if name is not None:
+                    yield name, data
+                elif channel == ERROR_CHANNEL:
+                    status += data
         except (WebSocketException, *TRANSPORT_ERRORS) as exc:
             raise ProviderError(
                 f"exec in Pod {self.target.pod}: the connection to the API server was lost "
@@ -143,12 +145,36 @@ class ExecStream:
         finally:
             ws.close()
             self.status = status.decode("utf-8", errors="replace")
+        if self.timed_out or self.stop.is_set():
+            return  # cut short: no status to expect
         if not status:
             # The API server always sends the exit status before it closes the stream.
             raise ProviderError(
                 f"exec in Pod {self.target.pod}: the stream closed before the command's exit "
                 "status arrived (the API server or the Pod went away)"
             )
+
+    def _frames(self, sock: Any) -> Iterator[tuple[int, bytes]]:
+        """(channel, payload) of each data frame until the server closes the stream, the
+        deadline passes or `stop` is set. Read from the websocket itself: the client's
+        `update()`/`read_channel()` loop loses bytes of large outputs (50 MB trees came
+        back short) and copies every byte into a buffer it never empties."""
+        sock.settimeout(POLL_S)  # a read cut short resumes where it stopped
+        while True:
+            if self.stop.is_set():
+                return
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                self.timed_out = True
+                return
+            try:
+                opcode, frame = sock.recv_data_frame(True)
+            except WebSocketTimeoutException:
+                continue
+            if opcode == ABNF.OPCODE_CLOSE:
+                return
+            data: bytes = frame.data if opcode in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) else b""
+            if data and data[0] != CLOSE_CHANNEL:  # v5: a channel closed (stdout, stderr)
+                yield data[0], data[1:]
 
 
 def run_blocking_exec(
@@ -165,18 +191,6 @@ def run_blocking_exec(
     for name, data in execution:
         sink(name, data)
     return execution.status, execution.timed_out
-
-
-def _channel(ws: Any, channel: int) -> bytes:
-    data: bytes | str = ws.read_channel(channel) or b""
-    return data if isinstance(data, bytes) else data.encode()
-
-
-def _drain(ws: Any) -> Iterator[tuple[Stream, bytes]]:
-    for channel, name in _CHANNELS.items():
-        data = _channel(ws, channel)
-        if data:
-            yield name, data
 
 
 async def run_exec(
