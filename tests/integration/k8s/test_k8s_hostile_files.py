@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from corral import ExecutionPlan
-from corral.errors import UnsafeArchiveMember
+from corral.errors import ProviderError, UnsafeArchiveMember
 from corral.providers.k8s import KubernetesEnvironment
 from tests.hostile import (
     CHAIN,
     DOTDOT_AFTER_A_LINK,
+    FILE,
     Member,
     crafted_tar,
     hardlink_chain,
@@ -46,6 +47,24 @@ async def test_download_dir_refuses_what_a_replaced_tar_prints(
         await sandbox.write_text("/tmp/fake-tar", "#!/bin/sh\nexec cat /tmp/crafted.tar\n")
         await sh(sandbox, "cat /tmp/fake-tar > /usr/bin/tar && mkdir -p /tmp/down")
         await refused_download(sandbox, "/tmp/down", tmp_path / "host")
+
+
+@pytest.mark.parametrize(
+    "printed", ["not an archive at all", "cut", None], ids=["garbage", "cut-short", "empty"]
+)
+async def test_download_dir_names_what_a_replaced_tar_prints_that_is_no_archive(
+    k8s_env: KubernetesEnvironment, tmp_path: Path, printed: str | None
+) -> None:
+    whole = crafted_tar([("a.txt", FILE, "", b"x" * 4096)])
+    body = {"cut": whole[:700], None: b""}.get(printed, (printed or "").encode() * 50)
+    (tmp_path / "printed").write_bytes(body)
+    async with k8s_env.session(PLAN) as sandbox:
+        await sandbox.upload(tmp_path / "printed", "/tmp/printed")
+        await sandbox.write_text("/tmp/fake-tar", "#!/bin/sh\nexec cat /tmp/printed\n")
+        await sh(sandbox, "cat /tmp/fake-tar > /usr/bin/tar && mkdir -p /tmp/down")
+        with pytest.raises(ProviderError, match="'/tmp/down'.*malformed or cut short"):
+            await sandbox.download_dir("/tmp/down", tmp_path / "host")
+    assert not (tmp_path / "host").exists()
 
 
 async def test_download_dir_refuses_dotdot_after_a_link(

@@ -8,6 +8,7 @@ directory; the policy covers them all, as it selects the Pod.
 from __future__ import annotations
 
 import posixpath
+import tarfile
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -273,7 +274,13 @@ class KubernetesSession(EnvironmentSession):
 
         def extract() -> None:
             frames = iter(execution)
-            extract_tar((data for name, data in frames if name == "stdout"), local_dir)
+            try:
+                extract_tar((data for name, data in frames if name == "stdout"), local_dir)
+            except tarfile.TarError as exc:
+                # What the Pod's tar printed (its to replace) is not an archive, or ended early.
+                raise ProviderError(
+                    f"the archive of {remote_dir!r} from the Pod is malformed or cut short: {exc}"
+                ) from None
             for _ in frames:  # tar stops at its end marker; read on to the exit status
                 pass
 
