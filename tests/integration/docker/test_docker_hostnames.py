@@ -26,7 +26,7 @@ EXACT = "allowlist:a.allowed.test"
 
 @pytest.fixture
 def names_env(owner: str, upstream: str) -> DockerEnvironment:
-    return make_env(owner, wildcard_dns_servers=[upstream])
+    return make_env(owner, upstream_dns_servers=[upstream])
 
 
 async def test_a_switch_from_no_network_to_an_exact_name(names_env: DockerEnvironment) -> None:

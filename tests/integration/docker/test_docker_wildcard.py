@@ -22,7 +22,7 @@ WILDCARD = "allowlist:*.allowed.test"
 
 @pytest.fixture
 def wild_env(owner: str, upstream: str) -> DockerEnvironment:
-    return make_env(owner, wildcard_dns_servers=[upstream])
+    return make_env(owner, upstream_dns_servers=[upstream])
 
 
 def plan(policy: str, **phases: str) -> ExecutionPlan:
@@ -149,7 +149,7 @@ async def test_a_later_phase_with_a_wildcard_and_reattach(
     async with wild_env.session(plan("no-network", run=WILDCARD)) as sandbox:
         assert await resolves(sandbox, "a.allowed.test") is None
         await sandbox.set_network_policy(NetworkPolicy.model_validate(WILDCARD), phase="run")
-        other = make_env(owner, wildcard_dns_servers=[upstream])
+        other = make_env(owner, upstream_dns_servers=[upstream])
         found = await other.attach(sandbox.id)
         try:
             assert found.policy == NetworkPolicy.model_validate(WILDCARD)

@@ -59,7 +59,7 @@ from corral.network.policy import NetworkMode, NetworkPolicy, Phase
 from corral.network.probe import DISCARD_PORT
 from corral.network.resolve import Resolution
 from corral.network.targets import EntryType, IPAddress
-from corral.network.wildcard import has_wildcards
+from corral.network.wildcard import uses_resolver
 from corral.providers.docker import snapshots
 from corral.providers.docker.config import DockerConfig
 from corral.providers.docker.enforcement import (
@@ -378,7 +378,7 @@ class DockerEnvironment(BaseEnvironment):
         host_config = client.api.create_host_config(
             network_mode=network,
             cap_drop=["ALL"],
-            # NET_RAW: iptables' set match (wildcard policies) looks sets up over a raw
+            # NET_RAW: iptables' set match (allowlists naming hosts) looks sets up over a raw
             # socket. Only corral's own commands run here; the sandbox gets neither.
             cap_add=["NET_ADMIN", "NET_RAW"],
             security_opt=["no-new-privileges"],
@@ -445,11 +445,12 @@ class DockerEnvironment(BaseEnvironment):
         plan: ExecutionPlan,
     ) -> Resolution:
         """`policy` in force in the holder's namespace, probed, before any sandbox joins
-        (and corral's resolver bound, if any phase has a wildcard: see network.wildcard)."""
+        (and corral's resolver bound, if any phase's allowlist names a host: see
+        network.wildcard)."""
         cfg = self.config
         tokens = cfg.max_workers
         upstream = Upstream(
-            tuple(ipaddress.ip_address(a) for a in cfg.wildcard_dns_servers or ()) or None,
+            tuple(ipaddress.ip_address(a) for a in cfg.upstream_dns_servers or ()) or None,
             cfg.holder_image,
             labels,
         )
@@ -472,7 +473,7 @@ class DockerEnvironment(BaseEnvironment):
                 probe_candidates=[(_gateway(holder, sid), DISCARD_PORT)],
                 phase="baseline",
                 events=events,
-                start_resolver=any(has_wildcards(p) for _, p in plan.network.items()),
+                start_resolver=any(uses_resolver(p) for _, p in plan.network.items()),
             )
         except NetworkPolicyNotEnforced as exc:
             raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
@@ -608,7 +609,7 @@ class DockerEnvironment(BaseEnvironment):
             snapshot_lifetime_s=cfg.snapshot_lifetime_s,
             phase=phase,
             events=events,
-            wildcard_dns_servers=cfg.wildcard_dns_servers,
+            upstream_dns_servers=cfg.upstream_dns_servers,
         )
         session.image = sandbox["Config"]["Image"]
         return session
