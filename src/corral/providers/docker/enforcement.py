@@ -217,7 +217,7 @@ async def resolve_in(
     async def run(argv: list[str], stdin: bytes) -> str:
         result = await _as_root(api, tokens, container, argv, stdin=stdin)
         if marked and result.returncode == 7:  # the helper is not in the holder yet
-            await _install_resolver(api, tokens, container)
+            await install_resolver(api, tokens, container)
             result = await _as_root(api, tokens, container, argv, stdin=stdin)
         if marked and result.returncode in (7, 8):
             raise ValueError(f"corral's lookup could not run: {result.stderr.strip()[-300:]}")
@@ -385,7 +385,7 @@ async def apply_policy(
     }
     result = await _as_root(api, tokens, holder, ["sh", "-c", _APPLY], env)
     if result.returncode == 7:  # corral's resolver is not in this holder yet: nothing changed
-        await _install_resolver(api, tokens, holder)
+        await install_resolver(api, tokens, holder)
         result = await _as_root(api, tokens, holder, ["sh", "-c", _APPLY], env)
     if result.returncode != 0:
         raise ProviderError(
@@ -405,7 +405,7 @@ async def apply_policy(
             )
 
 
-async def _install_resolver(api: Engine, tokens: int, holder: str) -> None:
+async def install_resolver(api: Engine, tokens: int, holder: str) -> None:
     """corral's helper into the holder's own filesystem as DNS_DIR/resolver."""
     version: dict[str, Any] = await call(tokens, api.version)
     binary = helper_binary(str(version.get("Arch", "")))

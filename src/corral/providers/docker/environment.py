@@ -66,6 +66,7 @@ from corral.providers.docker.enforcement import (
     Upstream,
     apply_policy,
     dns_servers,
+    install_resolver,
     policy_in_force,
     resolve,
 )
@@ -454,6 +455,11 @@ class DockerEnvironment(BaseEnvironment):
             cfg.holder_image,
             labels,
         )
+        start_resolver = any(uses_resolver(p) for _, p in plan.network.items())
+        if start_resolver:
+            # A fresh holder has no resolver binary yet: put it in at once rather than
+            # after a refused first try (corral's lookups need it too).
+            await install_resolver(client.api, tokens, holder["Id"])
         resolved = await resolve(
             client.api,
             tokens,
@@ -473,7 +479,7 @@ class DockerEnvironment(BaseEnvironment):
                 probe_candidates=[(_gateway(holder, sid), DISCARD_PORT)],
                 phase="baseline",
                 events=events,
-                start_resolver=any(uses_resolver(p) for _, p in plan.network.items()),
+                start_resolver=start_resolver,
             )
         except NetworkPolicyNotEnforced as exc:
             raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
