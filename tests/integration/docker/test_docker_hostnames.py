@@ -9,6 +9,8 @@ The test's DNS server (conftest's `upstream`) is the upstream; nothing else know
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
@@ -29,7 +31,9 @@ def names_env(owner: str, upstream: str) -> DockerEnvironment:
     return make_env(owner, upstream_dns_servers=[upstream])
 
 
-async def test_a_switch_from_no_network_to_an_exact_name(names_env: DockerEnvironment) -> None:
+async def test_a_switch_from_no_network_to_an_exact_name(
+    names_env: DockerEnvironment, engine: Any
+) -> None:
     async with names_env.session(plan("no-network", run=EXACT)) as sandbox:
         assert await resolves(sandbox, "a.allowed.test") is None
         await sandbox.set_network_policy(NetworkPolicy.model_validate(EXACT), phase="run")
@@ -40,6 +44,11 @@ async def test_a_switch_from_no_network_to_an_exact_name(names_env: DockerEnviro
         # Another name: not resolved, and its address refused.
         assert await resolves(sandbox, "x.other.test") is None
         assert not await connects(sandbox, DENIED_IP)
+        # A refresh that finds nothing moved leaves no rule of its lookup behind.
+        assert isinstance(sandbox, DockerSession)
+        await sandbox.refresh_names()
+        output = engine.containers.get(sandbox.holder).exec_run(["iptables", "-S", "OUTPUT"])
+        assert output.output.decode().split("\n")[1:] == ["-A OUTPUT -j CORRAL-EGRESS", ""]
 
 
 async def test_an_exact_name_as_the_baseline(names_env: DockerEnvironment) -> None:
