@@ -1,6 +1,9 @@
-// The wildcard resolver: `corral-exec --dns DIR`, run by corral in the *holder* (which owns
-// the sandbox's network namespace and alone has NET_ADMIN there) while a policy with a
-// wildcard hostname (`*.example.com`) may be in force.
+// corral's resolver: `corral-exec --dns DIR`, run by corral in the *holder* (which owns
+// the sandbox's network namespace and alone has NET_ADMIN there) while an allowlist with
+// a hostname (exact, or a wildcard `*.example.com`) may be in force.
+//
+// `corral-exec --dns-query SERVER MARK` is corral's own apply-time lookup from the holder:
+// the same marked upstream path, for the queries corral builds (see dnsQueryMain).
 //
 // It listens on 127.0.0.54:53 (UDP and TCP) in that namespace, the only resolver the
 // sandbox can reach under such a policy, and answers:
@@ -35,6 +38,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -442,21 +446,26 @@ func ipsetAdd(lines []string) error {
 	return nil
 }
 
-// askUpstream sends the query, as the client wrote it, over TCP to each upstream in turn,
-// from a socket carrying the mark corral's rules let through.
-func askUpstream(cfg *dnsConfig, query []byte) ([]byte, error) {
-	dialer := net.Dialer{
+// markedDialer dials from sockets carrying `mark` (setting it needs NET_ADMIN).
+func markedDialer(mark uint32) *net.Dialer {
+	return &net.Dialer{
 		Timeout: upstreamTimeout,
 		Control: func(_, _ string, c syscall.RawConn) error {
 			var serr error
 			if err := c.Control(func(fd uintptr) {
-				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_MARK, int(cfg.Mark))
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_MARK, int(mark))
 			}); err != nil {
 				return err
 			}
 			return serr
 		},
 	}
+}
+
+// askUpstream sends the query, as the client wrote it, over TCP to each upstream in turn,
+// from a socket carrying the mark corral's rules let through.
+func askUpstream(cfg *dnsConfig, query []byte) ([]byte, error) {
+	dialer := markedDialer(cfg.Mark)
 	var last error = errors.New("no upstream")
 	for _, up := range cfg.Upstream {
 		conn, err := dialer.Dial("tcp", net.JoinHostPort(up, "53"))
@@ -491,6 +500,68 @@ func exchangeTCP(conn net.Conn, query []byte) ([]byte, error) {
 		return nil, err
 	}
 	return answer, nil
+}
+
+// maxQueryInput bounds what --dns-query reads from corral (framed queries, a few per name).
+const maxQueryInput = 1 << 20
+
+// dnsQueryMain: corral's own lookups at apply time, from the holder. The length-framed
+// queries corral built arrive on stdin; they go, as they are, over one TCP connection to
+// SERVER port 53 from a socket carrying MARK, which corral's rules (or the rule corral
+// adds around this call) let through whatever policy is in force, and which nothing in
+// the sandbox can set. The framed answers go to stdout, until one came back per query,
+// the server closed, or upstreamTimeout passed; corral parses and checks them. Exit 1:
+// the server could not be reached (nothing written).
+func dnsQueryMain(server, markText string) {
+	mark, err := strconv.ParseUint(markText, 0, 32)
+	if err != nil || net.ParseIP(server) == nil {
+		fmt.Fprintln(os.Stderr, "usage: corral-exec --dns-query SERVER-IP MARK")
+		os.Exit(2)
+	}
+	input, err := io.ReadAll(io.LimitReader(os.Stdin, maxQueryInput))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "corral-dns-query: reading the queries: %v\n", err)
+		os.Exit(2)
+	}
+	conn, err := markedDialer(uint32(mark)).Dial("tcp", net.JoinHostPort(server, "53"))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "corral-dns-query: %v\n", err)
+		os.Exit(1)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(upstreamTimeout))
+	if err := exchangeAll(conn, input, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "corral-dns-query: %v\n", err)
+	}
+}
+
+// exchangeAll writes the framed queries in `input` to conn and copies one framed answer
+// per query to out, stopping early (with what came) if the server closes or times out.
+func exchangeAll(conn net.Conn, input []byte, out io.Writer) error {
+	count := 0
+	for offset := 0; offset+2 <= len(input); count++ {
+		offset += 2 + int(binary.BigEndian.Uint16(input[offset:offset+2]))
+		if offset > len(input) {
+			return errors.New("a query runs past the input")
+		}
+	}
+	if _, err := conn.Write(input); err != nil {
+		return err
+	}
+	for i := 0; i < count; i++ {
+		var size [2]byte
+		if _, err := io.ReadFull(conn, size[:]); err != nil {
+			return err
+		}
+		answer := make([]byte, binary.BigEndian.Uint16(size[:]))
+		if _, err := io.ReadFull(conn, answer); err != nil {
+			return err
+		}
+		if _, err := out.Write(append(size[:], answer...)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // load reads DIR/config.json; a bad one leaves every name refused. Writes DIR/loaded.

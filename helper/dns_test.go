@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
+	"io"
 	"math/rand"
+	"net"
 	"strings"
 	"testing"
 )
@@ -231,5 +234,52 @@ func TestConfigIsChecked(t *testing.T) {
 	}
 	if _, err := parseConfig([]byte(`{"generation":"g","upstream":[],"ttl_min":1,"ttl_max":2}`)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func frame(msg []byte) []byte {
+	out := make([]byte, 2, 2+len(msg))
+	binary.BigEndian.PutUint16(out, uint16(len(msg)))
+	return append(out, msg...)
+}
+
+func TestExchangeAllCopiesOneAnswerPerQuery(t *testing.T) {
+	queries := append(frame(makeQuery(1, "a.test", dnsTypeA)), frame(makeQuery(2, "a.test", dnsTypeAAAA))...)
+	client, server := net.Pipe()
+	go func() {
+		defer server.Close()
+		got := make([]byte, len(queries))
+		if _, err := io.ReadFull(server, got); err != nil || !bytes.Equal(got, queries) {
+			return
+		}
+		// Two answers, then more bytes that must not be read (the server keeps the line open).
+		_, _ = server.Write(append(append(frame([]byte("one")), frame([]byte("two"))...), 0, 9))
+	}()
+	var out bytes.Buffer
+	if err := exchangeAll(client, queries, &out); err != nil {
+		t.Fatal(err)
+	}
+	if want := append(frame([]byte("one")), frame([]byte("two"))...); !bytes.Equal(out.Bytes(), want) {
+		t.Fatalf("got %x, want %x", out.Bytes(), want)
+	}
+}
+
+func TestExchangeAllKeepsWhatCameBeforeTheServerClosed(t *testing.T) {
+	queries := append(frame(makeQuery(1, "a.test", dnsTypeA)), frame(makeQuery(2, "a.test", dnsTypeAAAA))...)
+	client, server := net.Pipe()
+	go func() {
+		_, _ = io.ReadFull(server, make([]byte, len(queries)))
+		_, _ = server.Write(frame([]byte("one")))
+		server.Close()
+	}()
+	var out bytes.Buffer
+	if err := exchangeAll(client, queries, &out); err == nil {
+		t.Fatal("a missing answer went unnoticed")
+	}
+	if !bytes.Equal(out.Bytes(), frame([]byte("one"))) {
+		t.Fatalf("got %x", out.Bytes())
+	}
+	if err := exchangeAll(client, []byte{0, 9, 1}, &out); err == nil {
+		t.Fatal("a truncated query was sent")
 	}
 }

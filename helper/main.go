@@ -167,6 +167,10 @@ func main() {
 		dnsMain(os.Args[2])
 		return
 	}
+	if len(os.Args) >= 4 && os.Args[1] == "--dns-query" {
+		dnsQueryMain(os.Args[2], os.Args[3])
+		return
+	}
 	if len(os.Args) >= 3 && os.Args[1] == "--kill" {
 		killMarked(os.Args[2])
 		return

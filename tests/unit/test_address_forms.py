@@ -19,8 +19,11 @@ from hypothesis import strategies as st
 from corral import NetworkPolicy
 from corral.network import Resolution, render_iptables, render_network_policy
 from corral.network.addresses import inet_aton
+from corral.network.wildcard import NameSets
 
 INJECTED = "-A CORRAL-EGRESS -j ACCEPT"
+#: corral's resolver's sets: an allowlist that names a host renders only with them
+SETS = NameSets(generation="0badcafe", upstream=(ipaddress.ip_address("fd00::53"),), connmark=7)
 # Every line an iptables payload may hold: a table, chain headers, and rules of tokens
 # without spaces, '%' or anything else a zone id could bring.
 PAYLOAD_LINE = re.compile(
@@ -140,6 +143,7 @@ def _hostile_resolution(construct: bool) -> Resolution:
             )
         },
         "dns_servers": (ipaddress.IPv6Address(f"fd00::53%eth0 {INJECTED}"),),
+        "names": SETS,
     }
     # model_construct skips validation: the renderers must not rely on it.
     return Resolution.model_construct(**fields) if construct else Resolution(**fields)
@@ -154,6 +158,7 @@ def test_resolved_addresses_lose_zone_ids_and_mapping() -> None:
             )
         },
         dns_servers=(ipaddress.IPv6Address(f"fd00::53%eth0 {INJECTED}"),),
+        names=SETS,
     )
     assert [str(a) for a in resolved.addresses["api.example.com"]] == [
         "2001:db8::5",
@@ -184,6 +189,7 @@ def test_no_resolved_text_reaches_a_payload(policy: NetworkPolicy, construct: bo
             )
         },
         dns_servers=(ipaddress.ip_address("fd00::53"),),
+        names=SETS,
     )
     rendered = _render_all(policy, _hostile_resolution(construct))
     assert "%" not in rendered

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from corral import NetworkPolicy
 from corral.errors import NetworkPolicyUnsupported
 from corral.network import Phase, Resolution, render_iptables, render_network_policy
 from corral.network.events import LOG_BURST, LOG_RATE_PER_S, NFLOG_GROUP, log_prefix
+from corral.network.wildcard import NameSets
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -25,6 +27,16 @@ RESOLVED = Resolution(
         "blocked.example.com": (ipaddress.ip_address("198.51.100.7"),),
     },
     dns_servers=(ipaddress.ip_address("127.0.0.11"), ipaddress.ip_address("10.96.0.10")),
+)
+
+#: Docker renders an allowlist that names a host with corral's resolver's sets; the other
+#: policies ignore them (and the NetworkPolicy renderer never reads them).
+WITH_SETS = RESOLVED.model_copy(
+    update={
+        "names": NameSets(
+            generation="0badcafe", upstream=(ipaddress.ip_address("10.96.0.10"),), connmark=0x1234
+        )
+    }
 )
 
 CASES = {
@@ -48,13 +60,13 @@ def _check(name: str, text: str) -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_iptables_golden(case: str) -> None:
-    payload = render_iptables(CASES[case], RESOLVED)
+    payload = render_iptables(CASES[case], WITH_SETS)
     _check(f"{case}.iptables", payload.ipv4)
     _check(f"{case}.ip6tables", payload.ipv6)
 
 
 def test_iptables_golden_logs_with_the_phase() -> None:
-    payload = render_iptables(CASES["denylist"], RESOLVED, phase="run")
+    payload = render_iptables(CASES["denylist"], WITH_SETS, phase="run")
     _check("denylist-run.iptables", payload.ipv4)
     _check("denylist-run.ip6tables", payload.ipv6)
 
@@ -64,7 +76,7 @@ def test_iptables_golden_logs_with_the_phase() -> None:
 def test_every_reject_is_logged_first_with_the_same_match(case: str, phase: Phase | None) -> None:
     """Each REJECT has, right before it, one rate-limited NFLOG rule matching exactly what
     it matches, stamped with the phase; nothing else is logged."""
-    payload = render_iptables(CASES[case], RESOLVED, phase=phase)
+    payload = render_iptables(CASES[case], WITH_SETS, phase=phase)
     for text in (payload.ipv4, payload.ipv6):
         lines = text.splitlines()
         rejects = [i for i, line in enumerate(lines) if " -j REJECT " in line]
@@ -109,9 +121,11 @@ def test_no_network_closes_the_embedded_resolver() -> None:
 
 def test_unresolved_hostname_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"'other\.example\.com' was not resolved"):
-        render_iptables(NetworkPolicy.allowlist("other.example.com"), RESOLVED)
-    # A wildcard is rendered only with the sets of its apply (tests/unit/test_wildcard.py).
-    with pytest.raises(ValueError, match=r"\*\.example\.com has wildcard hostnames"):
-        render_iptables(NetworkPolicy.allowlist("*.example.com"), RESOLVED)
+        render_iptables(NetworkPolicy.allowlist("other.example.com"), WITH_SETS)
+    # An allowlist naming hosts is rendered only with the sets of its apply
+    # (tests/unit/test_wildcard.py).
+    for name in ("*.example.com", "api.example.com"):
+        with pytest.raises(ValueError, match=rf"{re.escape(name)} names hosts"):
+            render_iptables(NetworkPolicy.allowlist(name), RESOLVED)
     with pytest.raises(NetworkPolicyUnsupported, match=r"\*\.example\.com"):
         render_iptables(NetworkPolicy.denylist("*.example.com"), RESOLVED)

@@ -14,7 +14,13 @@ from corral.network import Resolution, render_iptables
 from corral.network.probe import forbidden_probe
 from corral.network.resolve import needs_dns
 from corral.network.targets import EntryType
-from corral.network.wildcard import UPSTREAM_MARK, NameSets, has_wildcards, refuse_all_config
+from corral.network.wildcard import (
+    UPSTREAM_MARK,
+    NameSets,
+    has_wildcards,
+    refuse_all_config,
+    uses_resolver,
+)
 
 UPSTREAM = (ipaddress.ip_address("10.214.1.1"), ipaddress.ip_address("fd00:53::1"))
 SETS = NameSets(generation="0badcafe", upstream=UPSTREAM, connmark=0x1234)
@@ -137,13 +143,47 @@ def test_fresh_sets_differ_each_apply() -> None:
     assert 0 < one.connmark < 1 << 31
 
 
-def test_policies_without_wildcards_render_as_before() -> None:
-    for text in ("public", "no-network", "allowlist:api.test", "denylist:api.test"):
+def test_policies_that_name_no_allowed_host_render_as_before() -> None:
+    for text in ("public", "no-network", "allowlist:192.0.2.1", "denylist:api.test"):
         policy = NetworkPolicy.model_validate(text)
-        assert not has_wildcards(policy)
+        assert not has_wildcards(policy) and not uses_resolver(policy)
         plain = render_iptables(policy, RESOLVED.model_copy(update={"names": None}))
         assert render_iptables(policy, RESOLVED) == plain
         assert "--match-set" not in plain.ipv4 and "mark" not in plain.ipv4
+
+
+EXACT = NetworkPolicy.allowlist("api.test", "192.0.2.1")
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_an_exact_hostname_goes_through_corrals_resolver_too(family: int) -> None:
+    """Docker's embedded resolver forwards from inside the namespace, which the allowlist
+    refuses: the sandbox gets corral's resolver, as for a wildcard."""
+    assert uses_resolver(EXACT) and not has_wildcards(EXACT)
+    payload = render_iptables(EXACT, RESOLVED)
+    lines = _chain(payload.ipv4 if family == 4 else payload.ipv6)
+    assert lines[1].endswith(f"-m mark --mark {UPSTREAM_MARK:#x} -j ACCEPT")
+    assert "-m connmark --mark 0x1234 -j ACCEPT" in lines
+    if family == 4:
+        # The embedded resolver is closed; the name's apply-time address is a static rule.
+        assert _index(lines, "-d 127.0.0.11/32 -p tcp -j REJECT") < _index(lines, "-o lo")
+        assert not any(line.startswith("-d 127.0.0.11/32 -j ACCEPT") for line in lines)
+        # A listed address keeps its DNS; the name's address (which could be a resolver's)
+        # comes after DNS is refused, as the ones its later answers add.
+        refused = _index(lines, "--dport 53 -j REJECT")
+        assert _index(lines, "-d 192.0.2.1/32 -j ACCEPT") < refused
+        assert refused < _index(lines, "-d 203.0.113.5/32 -j ACCEPT") < _index(lines, "-m set")
+    sets = {line.split("--match-set ")[1].split()[0] for line in lines if "--match-set" in line}
+    assert sets == {f"corral-0badcafe-any-{family}"}
+    entries = json.loads(SETS.resolver_config(EXACT))["entries"]
+    assert entries == [
+        {
+            "name": "api.test",
+            "wildcard": False,
+            "set4": "corral-0badcafe-any-4",
+            "set6": "corral-0badcafe-any-6",
+        }
+    ]
 
 
 def test_dns_to_the_sandboxs_resolver_is_closed_under_a_wildcard() -> None:
@@ -183,7 +223,7 @@ def test_kubernetes_refuses_wildcards_clearly() -> None:
 def test_the_upstream_servers_are_checked() -> None:
     from corral.providers.docker import DockerConfig
 
-    assert DockerConfig(wildcard_dns_servers=("10.0.0.2",)).wildcard_dns_servers == ("10.0.0.2",)
+    assert DockerConfig(upstream_dns_servers=("10.0.0.2",)).upstream_dns_servers == ("10.0.0.2",)
     for bad in ("127.0.0.11", "resolver.test", "0.0.0.0"):
-        with pytest.raises(ValueError, match="wildcard_dns_servers"):
-            DockerConfig(wildcard_dns_servers=(bad,))
+        with pytest.raises(ValueError, match="upstream_dns_servers"):
+            DockerConfig(upstream_dns_servers=(bad,))

@@ -162,8 +162,14 @@ async def resolve_names(
     servers: Sequence[IPAddress],
     run: Runner,
     static: Mapping[str, str | Sequence[str]] | None = None,
+    script: str = QUERY_SCRIPT,
+    args: Sequence[str] = (),
 ) -> dict[str, Answer]:
     """Resolve `names`: static entries first, then the first of `servers` that answers.
+
+    Each server is asked by `sh -c SCRIPT sh SERVER ARGS...` with the framed queries on
+    stdin, which prints the framed answers as hex (QUERY_SCRIPT: busybox nc; a provider
+    may send them another way, e.g. from a marked socket).
 
     A name neither source knows maps to an empty answer; a malformed or forged answer
     raises `ValueError` (the caller fails closed).
@@ -176,7 +182,7 @@ async def resolve_names(
     errors: list[str] = []
     for server in servers:
         wire, queries = encode_queries(rest)
-        output = await run(["sh", "-c", QUERY_SCRIPT, "sh", str(server)], wire)
+        output = await run(["sh", "-c", script, "sh", str(server), *args], wire)
         if not output.strip():
             errors.append(f"{server}: no answer")
             continue

@@ -16,10 +16,12 @@ to group `NFLOG_GROUP`, prefixed with the phase the rules are rendered for): the
 attempt is logged in the sandbox's own namespace, where only a holder of NET_ADMIN can
 read it, and the REJECT counters still count every refusal (the probes rely on them).
 
-A policy with a wildcard hostname (`network.wildcard`) also accepts, first, the upstream
-DNS of corral's resolver (by its socket mark) and the rest of connections its sets
-accepted (by this apply's connmark); after the listed targets it refuses all DNS (set
-members never open port 53), then accepts the addresses in this apply's sets.
+An allowlist that names a host, exact or wildcard (`network.wildcard.uses_resolver`), also
+accepts, first, the upstream DNS of corral's resolver (by its socket mark) and the rest
+of connections its sets accepted (by this apply's connmark); the sandbox's own resolvers
+(Docker's embedded one) are closed; after the listed addresses it refuses all DNS, then
+accepts the exact names' addresses as resolved at apply time and the addresses in this
+apply's sets (so a name's address never opens port 53, unless listed as `name:53`).
 
 Addresses enter the text only through `rule_text`, rebuilt from their integers: nothing a
 policy or the sandbox wrote (a zone id, a newline) can become a rule line.
@@ -36,7 +38,8 @@ from corral.network.events import LOG_BURST, LOG_COPY_BYTES, LOG_RATE_PER_S, NFL
 from corral.network.policy import NetworkMode, NetworkPolicy, Phase
 from corral.network.policy_record import RECORD_CHAIN, PolicyRecord, record_rules
 from corral.network.resolve import AddressRule, Resolution, address_rules, needs_dns
-from corral.network.wildcard import UPSTREAM_MARK, NameSets, has_wildcards
+from corral.network.targets import EntryType
+from corral.network.wildcard import UPSTREAM_MARK, NameSets, uses_resolver
 
 CHAIN = "CORRAL-EGRESS"
 
@@ -56,10 +59,10 @@ def render_iptables(
 ) -> IptablesPayload:
     """Both payloads; refused attempts are logged with `phase` (None: outside any).
 
-    A policy with a wildcard needs `resolved.names`, the sets of this apply."""
-    wild = resolved.names if has_wildcards(policy) else None
-    if has_wildcards(policy) and wild is None:
-        raise ValueError(f"policy {policy} has wildcard hostnames: render it with its sets")
+    An allowlist that names a host needs `resolved.names`, the sets of this apply."""
+    wild = resolved.names if uses_resolver(policy) else None
+    if uses_resolver(policy) and wild is None:
+        raise ValueError(f"policy {policy} names hosts: render it with its sets")
     rules = address_rules(policy, resolved, skip_wildcards=wild is not None)
     return IptablesPayload(
         ipv4=_render_family(policy, resolved, rules, 4, log_prefix(phase), wild),
@@ -101,7 +104,8 @@ def _render_family(
     ]
     if wild is not None:
         body += _resolver_upstream(wild, family)
-    dns_open = needs_dns(policy)
+    # Under corral's resolver the sandbox's own resolvers are closed, as under no-network.
+    dns_open = needs_dns(policy) and wild is None
     for server in resolved.dns_servers:
         if server.version != family:
             continue
@@ -126,10 +130,16 @@ def _render_family(
     elif mode is NetworkMode.NO_NETWORK:
         body += reject
     elif mode is NetworkMode.ALLOWLIST:
-        for rule in _family(rules, family):
+        named = _named(policy, resolved) if wild is not None else set[AddressRule]()
+        for rule in _family([r for r in rules if r not in named], family):
             body += _match(rule, "-j ACCEPT")
         if wild is not None:
-            body += _learned(policy, wild, family, reject_icmp)
+            body += _refuse_dns(reject_icmp)
+            # A name's addresses as resolved at apply time, after the refusal: like the
+            # ones its answers add later, they never open DNS (unless listed with :53).
+            for rule in _family([r for r in rules if r in named], family):
+                body += _match(rule, "-j ACCEPT")
+            body += _learned(policy, wild, family)
         body += reject
     else:
         for rule in _family(rules, family):
@@ -167,13 +177,30 @@ def _resolver_upstream(wild: NameSets, family: int) -> list[str]:
     return lines
 
 
-def _learned(policy: NetworkPolicy, wild: NameSets, family: int, reject_icmp: str) -> list[str]:
-    """DNS refused to everything but corral's resolver (on loopback, accepted above), then
-    the addresses its answers put in this apply's sets, by port."""
-    lines = [
+def _named(policy: NetworkPolicy, resolved: Resolution) -> set[AddressRule]:
+    """The rules only an exact hostname (not listed with port 53) brings in: no address or
+    CIDR entry of the policy gives them too."""
+    listed = {AddressRule(t.network(), t.port) for t in policy.targets if not t.is_hostname}
+    return {
+        AddressRule(ipaddress.ip_network(a), t.port)
+        for t in policy.targets
+        if t.entry_type is EntryType.HOSTNAME and t.port != 53
+        for a in resolved.addresses.get(t.host, ())
+    } - listed
+
+
+def _refuse_dns(reject_icmp: str) -> list[str]:
+    """DNS refused to everything but corral's resolver (on loopback, accepted above) and
+    the policy's listed addresses."""
+    return [
         "-p tcp --dport 53 -j REJECT --reject-with tcp-reset",
         f"-p udp --dport 53 -j REJECT --reject-with {reject_icmp}",
     ]
+
+
+def _learned(policy: NetworkPolicy, wild: NameSets, family: int) -> list[str]:
+    """The addresses corral's resolver's answers put in this apply's sets, by port."""
+    lines: list[str] = []
     for port in wild.ports(policy):
         match = f"-m set --match-set {wild.set_name(port, family)} dst"
         protos = [""] if port is None else [f" -p {p} --dport {port}" for p in ("tcp", "udp")]

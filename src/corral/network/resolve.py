@@ -60,7 +60,8 @@ class Resolution(BaseModel):
     dns_servers: tuple[IPAddress, ...] = ()
     #: seconds until the first of those answers expires (None: no hostname was resolved)
     ttl_s: float | None = None
-    #: a policy with wildcards: the sets and resolver configuration of this apply
+    #: an allowlist that names hosts (`network.wildcard.uses_resolver`): the sets and
+    #: resolver configuration of this apply
     names: NameSets | None = None
 
     @field_validator("addresses", mode="after")
@@ -141,7 +142,9 @@ def needs_dns(policy: NetworkPolicy) -> bool:
     """Whether the sandbox must reach its resolver for the policy to be usable.
 
     Not under an allowlist with a wildcard: DNS then goes only to corral's own resolver
-    (`network.wildcard`), and the sandbox's resolvers are closed."""
+    (`network.wildcard`), and the sandbox's resolvers are closed. (Where a provider runs
+    corral's resolver, it serves exact hostnames too: Docker's renderer closes the
+    sandbox's resolvers for every policy that `uses_resolver`.)"""
     if policy.network_mode is NetworkMode.ALLOWLIST:
         if any(t.entry_type is EntryType.WILDCARD_HOSTNAME for t in policy.allowed_hosts):
             return False

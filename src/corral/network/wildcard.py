@@ -1,12 +1,19 @@
-"""Wildcard hostnames (`*.example.com`) in allowlists, enforced through a resolver of
-corral's own (Docker: the helper's `--dns` mode in the holder, see `helper/dns.go`).
+"""Hostnames in allowlists (exact, and wildcards `*.example.com`), enforced through a
+resolver of corral's own (Docker: the helper's `--dns` mode in the holder, see
+`helper/dns.go`).
 
-A wildcard cannot be expanded to addresses when a policy is applied, so the addresses are
-learned when the sandbox asks for a name: under a policy with a wildcard, the only
-resolver the sandbox can reach is corral's, on `RESOLVER` in its network namespace. It
-forwards the names the policy allows (under a wildcard, or one of its exact hostnames) to
-the upstream resolvers, adds every address of the answer to an ipset for the answer's
-TTL, and only then answers; every other name is refused and never leaves.
+A wildcard cannot be expanded to addresses when a policy is applied, and an exact name's
+addresses move (CDNs), so addresses are also learned when the sandbox asks for a name:
+under an allowlist that names a host (`uses_resolver`), the only resolver the sandbox can
+reach is corral's, on `RESOLVER` in its network namespace. It forwards the names the
+policy allows (under a wildcard, or one of its exact hostnames) to the upstream
+resolvers, adds every address of the answer to an ipset for the answer's TTL, and only
+then answers; every other name is refused and never leaves. An exact hostname's
+addresses, as corral resolved them at apply time (over the same marked upstream path, or
+from `extra_hosts`), are also static rules: reachable at once.
+
+Docker's embedded resolver cannot serve such a policy: it forwards from inside the
+sandbox's namespace, unmarked, exactly as the sandbox itself would.
 
 The rules accept an address in a set (per port of the policy's entries), and the rest of
 a connection that one accepted: a long transfer outlives the entry's TTL, but not a
@@ -51,14 +58,22 @@ SET_MAX_ENTRIES = 65536
 
 
 def has_wildcards(policy: NetworkPolicy) -> bool:
-    """Whether `policy` is an allowlist with a wildcard hostname (needs corral's resolver)."""
+    """Whether `policy` is an allowlist with a wildcard hostname."""
     return policy.network_mode is NetworkMode.ALLOWLIST and any(
         t.entry_type is EntryType.WILDCARD_HOSTNAME for t in policy.targets
     )
 
 
+def uses_resolver(policy: NetworkPolicy) -> bool:
+    """Whether `policy` is an allowlist that names a host, exact or wildcard: the sandbox
+    then resolves through corral's resolver only."""
+    return policy.network_mode is NetworkMode.ALLOWLIST and any(
+        t.is_hostname for t in policy.targets
+    )
+
+
 class NameSets(BaseModel):
-    """One apply's sets and resolver configuration for a policy with wildcards."""
+    """One apply's sets and resolver configuration for a policy that `uses_resolver`."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -122,7 +137,7 @@ class NameSets(BaseModel):
 
 
 def refuse_all_config(generation: str) -> str:
-    """A configuration that refuses every name (a policy without wildcards)."""
+    """A configuration that refuses every name (a policy that does not `uses_resolver`)."""
     return json.dumps(
         {
             "generation": generation,

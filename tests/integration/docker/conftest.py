@@ -12,9 +12,20 @@ from docker.errors import ImageNotFound
 
 from corral.core.labels import OWNER
 from corral.providers.docker import DockerConfig, DockerEnvironment
+from corral.testing.plugin import EgressTarget
 from tests.integration.conftest import ALLOWED_IP as ALLOWED_IP
 from tests.integration.conftest import DENIED_IP as DENIED_IP
 from tests.integration.conftest import HOSTS, unavailable
+from tests.integration.k8s.dns_server import serving
+
+#: What the tests' upstream DNS server (`upstream`) answers; nothing else knows these names.
+#: A test may repoint a name for its duration (the server reads the table per query).
+NAMES = {
+    "a.allowed.test": ALLOWED_IP,
+    "b.allowed.test": ALLOWED_IP,
+    "x.other.test": DENIED_IP,
+    "moving.allowed.test": ALLOWED_IP,
+}
 
 TEST_IMAGE = "corral.local/test:bookworm"
 HOLDER_IMAGE = "corral.local/holder:bookworm"
@@ -90,3 +101,13 @@ def make_env(owner: str, **overrides: Any) -> DockerEnvironment:
 @pytest.fixture
 def docker_env(owner: str) -> DockerEnvironment:
     return make_env(owner)
+
+
+@pytest.fixture(scope="module")
+def upstream(tcp_targets: list[EgressTarget]) -> Iterator[str]:
+    """A DNS server of the test's own (tests/integration/k8s/dns_server.py, TCP, A records
+    from NAMES) on this run's allowed host address: the upstream resolver for corral's
+    resolver. It shares its address with an allowed name on purpose: reaching that
+    address on another port must not reach the resolver."""
+    with serving(ALLOWED_IP, NAMES):
+        yield ALLOWED_IP

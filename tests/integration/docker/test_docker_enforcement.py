@@ -90,7 +90,7 @@ async def test_no_network_fails_fast(
     assert elapsed < 2, f"a refused connection took {elapsed:.2f} s; REJECT should be immediate"
 
 
-async def test_dns_closed_under_no_network_and_address_allowlist(
+async def test_dns_closed_under_no_network_and_allowlists(
     docker_env: DockerEnvironment,
 ) -> None:
     async with docker_env.session(plan("public")) as sandbox:
@@ -100,8 +100,13 @@ async def test_dns_closed_under_no_network_and_address_allowlist(
         assert not await dns(sandbox, holder_name)
         await sandbox.set_network_policy(NetworkPolicy.allowlist(ALLOWED_IP))
         assert not await dns(sandbox, holder_name)
+        # An allowlist that names a host: the only resolver is corral's, which answers the
+        # policy's names only (this one is the harness's, from /etc/hosts).
         await sandbox.set_network_policy(NetworkPolicy.allowlist("allowed.corral.test"))
-        assert await dns(sandbox, holder_name), "hostname allowlists keep the resolver"
+        assert not await dns(sandbox, holder_name), "an unlisted name resolved"
+        assert await dns(sandbox, "allowed.corral.test")
+        await sandbox.set_network_policy(NetworkPolicy.public())
+        assert await dns(sandbox, holder_name), "embedded DNS must answer under public again"
 
 
 async def test_root_in_the_sandbox_cannot_change_the_rules(

@@ -1,41 +1,28 @@
 """Wildcard hostnames on a real engine: corral's resolver in the holder is the only way a
 name resolves, and only what it answered is reachable (`corral.network.wildcard`).
 
-A DNS server of the test's own (tests/integration/k8s/dns_server.py, TCP, A records from a
-table) on this run's allowed host address stands for the upstream resolver; the names
-point at compose.yaml's TCP targets. The upstream shares its address with an allowed
-name on purpose: reaching that address on another port must not reach the resolver.
+The test's DNS server (conftest's `upstream`) stands for the upstream resolver; its names
+point at compose.yaml's TCP targets.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import pytest
 
 from corral import EnvironmentSession, ExecutionPlan, NetworkPolicy, NetworkSchedule
 from corral.errors import NetworkPolicyUnsupported
 from corral.providers.docker import DockerEnvironment
-from corral.testing.plugin import EgressTarget
 from tests.integration.conftest import ALLOWED_IP, DENIED_IP, TCP_PORT
 from tests.integration.docker.conftest import TEST_IMAGE, make_env
-from tests.integration.k8s.dns_server import serving
 
 pytestmark = pytest.mark.anyio
 
-NAMES = {"a.allowed.test": ALLOWED_IP, "b.allowed.test": ALLOWED_IP, "x.other.test": DENIED_IP}
 WILDCARD = "allowlist:*.allowed.test"
-
-
-@pytest.fixture(scope="module")
-def upstream(tcp_targets: list[EgressTarget]) -> Iterator[str]:
-    with serving(ALLOWED_IP, NAMES):
-        yield ALLOWED_IP
 
 
 @pytest.fixture
 def wild_env(owner: str, upstream: str) -> DockerEnvironment:
-    return make_env(owner, wildcard_dns_servers=[upstream])
+    return make_env(owner, upstream_dns_servers=[upstream])
 
 
 def plan(policy: str, **phases: str) -> ExecutionPlan:
@@ -162,7 +149,7 @@ async def test_a_later_phase_with_a_wildcard_and_reattach(
     async with wild_env.session(plan("no-network", run=WILDCARD)) as sandbox:
         assert await resolves(sandbox, "a.allowed.test") is None
         await sandbox.set_network_policy(NetworkPolicy.model_validate(WILDCARD), phase="run")
-        other = make_env(owner, wildcard_dns_servers=[upstream])
+        other = make_env(owner, upstream_dns_servers=[upstream])
         found = await other.attach(sandbox.id)
         try:
             assert found.policy == NetworkPolicy.model_validate(WILDCARD)

@@ -92,11 +92,13 @@ class DockerConfig(RuntimeEnvironmentConfig):
         default_factory=dict[str, str],
         description="hostname -> address entries for /etc/hosts ('host-gateway' allowed)",
     )
-    wildcard_dns_servers: tuple[str, ...] | None = Field(
+    upstream_dns_servers: tuple[str, ...] | None = Field(
         default=None,
-        description="IP addresses of the resolvers corral's own resolver (in the holder, "
-        "for policies with wildcard hostnames) forwards allowed names to, over TCP port 53; "
-        "default: the engine's, read once from a container on its default bridge network",
+        description="IP addresses of the upstream resolvers for allowlists that name hosts "
+        "(exact or wildcard): corral's own resolver (in the holder, the sandbox's only one "
+        "under such a policy) forwards the allowed names there, and corral resolves the "
+        "policy's names there at apply time, over TCP port 53; default: the engine's, read "
+        "once per process from a container on its default bridge network",
     )
     published_ports: tuple[int, ...] = Field(
         default=(), description="sandbox ports published on 127.0.0.1 for endpoint()"
@@ -151,9 +153,9 @@ class DockerConfig(RuntimeEnvironmentConfig):
         "`corral gc` removes it after that",
     )
 
-    @field_validator("wildcard_dns_servers")
+    @field_validator("upstream_dns_servers")
     @classmethod
-    def _wildcard_dns_servers(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    def _upstream_dns_servers(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
         if value is None:
             return None
         servers: list[str] = []
@@ -162,11 +164,11 @@ class DockerConfig(RuntimeEnvironmentConfig):
                 address = ipaddress.ip_address(server)
             except ValueError:
                 raise ValueError(
-                    f"wildcard_dns_servers entry {server!r} is not an IP address"
+                    f"upstream_dns_servers entry {server!r} is not an IP address"
                 ) from None
             if address.is_loopback or address.is_unspecified:
                 raise ValueError(
-                    f"wildcard_dns_servers entry {server!r} would be the sandbox's own "
+                    f"upstream_dns_servers entry {server!r} would be the sandbox's own "
                     "namespace; give an address outside it"
                 )
             servers.append(str(address))

@@ -30,12 +30,18 @@ from corral.network.policy_record import PolicyRecord, read_record
 from corral.network.probe import DISCARD_PORT, forbidden_probe
 from corral.network.resolve import Resolution, parse_resolv_conf, resolve_policy
 from corral.network.targets import EntryType, IPAddress
-from corral.network.wildcard import RESOLVER, NameSets, has_wildcards, refuse_all_config
+from corral.network.wildcard import (
+    RESOLVER,
+    UPSTREAM_MARK,
+    NameSets,
+    refuse_all_config,
+    uses_resolver,
+)
 from corral.providers.docker.engine import Engine, call
 from corral.providers.docker.execution import run_exec
 
-#: corral's resolver for wildcard policies (`network.wildcard`), in the holder's own
-#: filesystem: the helper binary, its config, `loaded` and `pid` (see helper/dns.go).
+#: corral's resolver for allowlists that name hosts (`network.wildcard`), in the holder's
+#: own filesystem: the helper binary, its config, `loaded` and `pid` (see helper/dns.go).
 DNS_DIR = "/.corral-dns"
 _DNS = r"""
 D=/.corral-dns
@@ -63,8 +69,8 @@ dns_undo() {
 }
 dns_prepare() {
   [ -n "$CORRAL_DNS_GEN" ] || return 0
-  if [ -z "$CORRAL_DNS_SETS" ] && [ -z "$CORRAL_DNS_START" ] && [ ! -d "$D" ]; then
-    CORRAL_DNS_GEN=; return 0  # no wildcard now, and corral's resolver never ran here
+  if [ -z "$CORRAL_DNS_SETS" ] && [ -z "$CORRAL_DNS_START" ] && [ ! -e "$D/pid" ]; then
+    CORRAL_DNS_GEN=; return 0  # no hostname now, and corral's resolver never ran here
   fi
   if [ -n "$CORRAL_DNS_SETS" ] || [ -n "$CORRAL_DNS_START" ]; then
     [ -x "$D/resolver" ] || { echo 'corral-dns: no resolver binary' >&2; exit 7; }
@@ -134,6 +140,24 @@ $CORRAL_PROBE_TABLES -w 5 -nvxL "$CORRAL_CHAIN" \
   | awk '$3 == "REJECT" {n += $1} END {print "rejects=" n+0}'
 """
 )
+#: corral's apply-time lookups for a policy that `uses_resolver`, from the holder: the
+#: helper sends corral's queries to upstream server $1 from a socket with mark $2 and
+#: prints the answers (as hex). The rules in force may be any policy's (a no-network
+#: baseline, another allowlist), so for the length of the call one rule ahead of corral's
+#: chain accepts exactly that traffic: TCP to $1 port 53 carrying the mark, which only a
+#: holder of NET_ADMIN can set (the sandbox gains nothing from it); the next apply's
+#: restore would replace it anyway. Exit 7: the helper is not in the holder yet; 8: the
+#: rule could not be added.
+_MARKED_QUERY = r"""
+D=/.corral-dns
+[ -x "$D/resolver" ] || exit 7
+server=$1 mark=$2
+case "$server" in *:*) t=ip6tables ;; *) t=iptables ;; esac
+set -- OUTPUT -d "$server" -p tcp --dport 53 -m mark --mark "$mark" -j ACCEPT
+$t -w 5 -I "$@" >&2 || exit 8
+trap '$t -w 5 -D "$@" >&2' EXIT
+"$D/resolver" --dns-query "$server" "$mark" | busybox xxd -p
+"""
 _SAVED = "iptables-save -t filter && echo '#corral-ipv6' && ip6tables-save -t filter"
 _REJECTS = r"""$1 -w 5 -nvxL "$2" | awk '$3 == "REJECT" {n += $1} END {print n+0}'"""
 #: corral's own static busybox, from its holder image, for the probe from the sandbox.
@@ -178,8 +202,11 @@ async def resolve_in(
     *,
     servers: Sequence[IPAddress],
     static: Mapping[str, str],
+    marked: bool = False,
 ) -> dict[str, Answer]:
-    """Resolve `hosts` with corral's own queries, sent from `container` (holder image).
+    """Resolve `hosts` with corral's own queries, sent from `container` (holder image);
+    `marked`: by the holder's helper over corral's marked upstream path (`_MARKED_QUERY`),
+    which works whatever rules are in force.
 
     Never through the namespace's /etc/hosts or libc: the sandbox shares those files and
     can rewrite them. The harness's `extra_hosts` come from the config instead.
@@ -189,11 +216,25 @@ async def resolve_in(
 
     async def run(argv: list[str], stdin: bytes) -> str:
         result = await _as_root(api, tokens, container, argv, stdin=stdin)
+        if marked and result.returncode == 7:  # the helper is not in the holder yet
+            await install_resolver(api, tokens, container)
+            result = await _as_root(api, tokens, container, argv, stdin=stdin)
+        if marked and result.returncode in (7, 8):
+            raise ValueError(f"corral's lookup could not run: {result.stderr.strip()[-300:]}")
         if result.stdout_truncated:
             raise ValueError("the DNS answers were longer than corral reads")
         return result.stdout
 
     try:
+        if marked:
+            return await resolve_names(
+                hosts,
+                servers=servers,
+                run=run,
+                static=static,
+                script=_MARKED_QUERY,
+                args=(f"{UPSTREAM_MARK:#x}",),
+            )
         return await resolve_names(hosts, servers=servers, run=run, static=static)
     except ValueError as exc:
         raise ProviderError(f"resolving {', '.join(hosts)} failed: {exc}") from None
@@ -205,7 +246,8 @@ _ENGINE_RESOLVERS: dict[str, tuple[IPAddress, ...]] = {}
 
 @dataclass(frozen=True)
 class Upstream:
-    """Where corral's wildcard resolver forwards allowed names: the configured servers,
+    """Where corral's resolver forwards allowed names, and where corral resolves a policy's
+    hostnames when it `uses_resolver`: the configured servers (`upstream_dns_servers`),
     else the engine's own, read once from a container of corral's image on the engine's
     default bridge network (whose resolv.conf the engine fills with the resolvers its
     embedded DNS server forwards to). Docker's embedded server itself cannot be used: it
@@ -224,7 +266,7 @@ class Upstream:
             if not found:
                 raise ProviderError(
                     "the engine's default bridge network gives no resolver for corral's "
-                    "wildcard resolver to forward to; set wildcard_dns_servers"
+                    "resolver to forward allowlisted names to; set upstream_dns_servers"
                 )
             _ENGINE_RESOLVERS[key] = found
         return _ENGINE_RESOLVERS[key]
@@ -251,8 +293,8 @@ def _read_engine_resolvers(
                 api.remove_container(name, force=True)
     except APIError as exc:
         raise ProviderError(
-            f"reading the engine's resolvers (for wildcard hostnames) failed: {exc}; "
-            "set wildcard_dns_servers"
+            f"reading the engine's resolvers (for allowlisted hostnames) failed: {exc}; "
+            "set upstream_dns_servers"
         ) from None
     return tuple(a for a in parse_resolv_conf(text) if not a.is_loopback)
 
@@ -267,21 +309,32 @@ async def resolve(
     extra_hosts: Mapping[str, str],
     upstream: Upstream | None = None,
 ) -> Resolution:
-    """The policy's hostnames as corral resolves them from `container` (holder image);
-    for a policy with wildcards, also fresh sets for it (`network.wildcard`)."""
+    """The policy's hostnames as corral resolves them from `container` (holder image).
+
+    A policy that `uses_resolver` (an allowlist naming hosts) gets fresh sets, and its
+    names are asked of the upstream corral's resolver forwards to, over the marked path
+    (`container` must be the holder): Docker's embedded resolver, which the others ask,
+    forwards from the sandbox's namespace, where such a policy's rules refuse it."""
     hostnames = [t.host for t in policy.targets if t.entry_type is EntryType.HOSTNAME]
-    answers = await resolve_in(api, tokens, container, hostnames, servers=dns, static=extra_hosts)
+    names: NameSets | None = None
+    if uses_resolver(policy):
+        if upstream is None:
+            raise ProviderError(f"policy {policy} names hosts, but no upstream resolver")
+        servers = await upstream.servers(api, tokens)
+        names = NameSets.fresh(servers)
+        answers = await resolve_in(
+            api, tokens, container, hostnames, servers=servers, static=extra_hosts, marked=True
+        )
+    else:
+        answers = await resolve_in(
+            api, tokens, container, hostnames, servers=dns, static=extra_hosts
+        )
 
     async def lookup(host: str) -> tuple[IPAddress, ...]:
         answer = answers.get(host)
         return answer.addresses if answer else ()
 
     ttls = [a.ttl for a in answers.values() if a.addresses]
-    names: NameSets | None = None
-    if has_wildcards(policy):
-        if upstream is None:
-            raise ProviderError(f"policy {policy} has wildcards, but no upstream resolver")
-        names = NameSets.fresh(await upstream.servers(api, tokens))
     return (await resolve_policy(policy, lookup, dns)).model_copy(
         update={
             "ttl_s": float(min(ttls)) if ttls else (0.0 if answers else None),
@@ -305,14 +358,14 @@ async def apply_policy(
     """Render and apply `policy` in one holder exec, then check it with a probe.
 
     Refusals are logged stamped with `phase`; the probe's own is taken out of `events`.
-    A policy with wildcards (or `start_resolver`: a later phase will have some, and the
+    A policy that `uses_resolver` (or `start_resolver`: a later phase will, and the
     sandbox does not exist yet) also gets corral's resolver in the holder, started if it
-    does not run; a policy without switches a running one to refusing every name."""
+    does not run; any other policy switches a running one to refusing every name."""
     payload = render_iptables(policy, resolved, phase=phase)
     probe = forbidden_probe(policy, resolved, probe_candidates)
     if probe is not None and events is not None:
         events.expect_own(*probe)
-    names = resolved.names if has_wildcards(policy) else None
+    names = resolved.names if uses_resolver(policy) else None
     generation = names.generation if names is not None else f"off{secrets.token_hex(4)}"
     nameservers = [RESOLVER] if names is not None else resolved.dns_servers
     env = {
@@ -332,7 +385,7 @@ async def apply_policy(
     }
     result = await _as_root(api, tokens, holder, ["sh", "-c", _APPLY], env)
     if result.returncode == 7:  # corral's resolver is not in this holder yet: nothing changed
-        await _install_resolver(api, tokens, holder)
+        await install_resolver(api, tokens, holder)
         result = await _as_root(api, tokens, holder, ["sh", "-c", _APPLY], env)
     if result.returncode != 0:
         raise ProviderError(
@@ -352,13 +405,13 @@ async def apply_policy(
             )
 
 
-async def _install_resolver(api: Engine, tokens: int, holder: str) -> None:
+async def install_resolver(api: Engine, tokens: int, holder: str) -> None:
     """corral's helper into the holder's own filesystem as DNS_DIR/resolver."""
     version: dict[str, Any] = await call(tokens, api.version)
     binary = helper_binary(str(version.get("Arch", "")))
     if binary is None:
         raise ProviderError(
-            "wildcard hostnames need corral's helper binary for the engine's architecture "
+            "allowlisted hostnames need corral's helper binary for the engine's architecture "
             "(build it with helper/build.sh); the previous policy is still in force"
         )
     archive = await anyio.to_thread.run_sync(_resolver_archive, binary.read_bytes())

@@ -59,13 +59,14 @@ from corral.network.policy import NetworkMode, NetworkPolicy, Phase
 from corral.network.probe import DISCARD_PORT
 from corral.network.resolve import Resolution
 from corral.network.targets import EntryType, IPAddress
-from corral.network.wildcard import has_wildcards
+from corral.network.wildcard import uses_resolver
 from corral.providers.docker import snapshots
 from corral.providers.docker.config import DockerConfig
 from corral.providers.docker.enforcement import (
     Upstream,
     apply_policy,
     dns_servers,
+    install_resolver,
     policy_in_force,
     resolve,
 )
@@ -378,7 +379,7 @@ class DockerEnvironment(BaseEnvironment):
         host_config = client.api.create_host_config(
             network_mode=network,
             cap_drop=["ALL"],
-            # NET_RAW: iptables' set match (wildcard policies) looks sets up over a raw
+            # NET_RAW: iptables' set match (allowlists naming hosts) looks sets up over a raw
             # socket. Only corral's own commands run here; the sandbox gets neither.
             cap_add=["NET_ADMIN", "NET_RAW"],
             security_opt=["no-new-privileges"],
@@ -445,14 +446,20 @@ class DockerEnvironment(BaseEnvironment):
         plan: ExecutionPlan,
     ) -> Resolution:
         """`policy` in force in the holder's namespace, probed, before any sandbox joins
-        (and corral's resolver bound, if any phase has a wildcard: see network.wildcard)."""
+        (and corral's resolver bound, if any phase's allowlist names a host: see
+        network.wildcard)."""
         cfg = self.config
         tokens = cfg.max_workers
         upstream = Upstream(
-            tuple(ipaddress.ip_address(a) for a in cfg.wildcard_dns_servers or ()) or None,
+            tuple(ipaddress.ip_address(a) for a in cfg.upstream_dns_servers or ()) or None,
             cfg.holder_image,
             labels,
         )
+        start_resolver = any(uses_resolver(p) for _, p in plan.network.items())
+        if start_resolver:
+            # A fresh holder has no resolver binary yet: put it in at once rather than
+            # after a refused first try (corral's lookups need it too).
+            await install_resolver(client.api, tokens, holder["Id"])
         resolved = await resolve(
             client.api,
             tokens,
@@ -472,7 +479,7 @@ class DockerEnvironment(BaseEnvironment):
                 probe_candidates=[(_gateway(holder, sid), DISCARD_PORT)],
                 phase="baseline",
                 events=events,
-                start_resolver=any(has_wildcards(p) for _, p in plan.network.items()),
+                start_resolver=start_resolver,
             )
         except NetworkPolicyNotEnforced as exc:
             raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
@@ -608,7 +615,7 @@ class DockerEnvironment(BaseEnvironment):
             snapshot_lifetime_s=cfg.snapshot_lifetime_s,
             phase=phase,
             events=events,
-            wildcard_dns_servers=cfg.wildcard_dns_servers,
+            upstream_dns_servers=cfg.upstream_dns_servers,
         )
         session.image = sandbox["Config"]["Image"]
         return session

@@ -33,6 +33,7 @@ from corral.network.policy import NetworkPolicy, Phase
 from corral.network.probe import DISCARD_PORT, forbidden_probe
 from corral.network.resolve import Resolution, needs_dns
 from corral.network.targets import EntryType, IPAddress
+from corral.network.wildcard import uses_resolver
 from corral.providers.docker import snapshots
 from corral.providers.docker.channel import ChannelExecutor
 from corral.providers.docker.enforcement import (
@@ -94,7 +95,7 @@ class DockerSession(EnvironmentSession):
         snapshot_lifetime_s: float,
         phase: Phase | None,
         events: EventFeed,
-        wildcard_dns_servers: tuple[str, ...] | None = None,
+        upstream_dns_servers: tuple[str, ...] | None = None,
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.phase = phase
@@ -129,9 +130,10 @@ class DockerSession(EnvironmentSession):
             else PlainExecutor(client.api, tokens, sandbox)
         )
         self.snapshot_lifetime_s = snapshot_lifetime_s
-        #: where corral's resolver forwards the names a wildcard policy allows
+        #: where corral's resolver forwards the names an allowlist allows (and where corral
+        #: resolves them at apply time)
         self.upstream = Upstream(
-            tuple(ipaddress.ip_address(a) for a in wildcard_dns_servers or ()) or None,
+            tuple(ipaddress.ip_address(a) for a in upstream_dns_servers or ()) or None,
             resolver_image,
             labels,
         )
@@ -365,6 +367,10 @@ class DockerSession(EnvironmentSession):
         return resolved.ttl_s
 
     async def _resolve(self, policy: NetworkPolicy) -> Resolution:
+        if uses_resolver(policy):
+            # Asked of the upstream from the holder over corral's marked path, which works
+            # whatever rules are in force (`enforcement.resolve`).
+            return await self._resolve_from(policy, self.holder)
         if _has_hostnames(policy) and not needs_dns(self.policy):
             # DNS is closed in this namespace right now; ask the same network's resolver
             # from a fresh twin of corral's image instead.
