@@ -255,9 +255,20 @@ async def test_a_failing_healthcheck_fails_open_naming_the_service(
 async def test_a_service_that_exits_at_once_is_named_with_its_output(
     engine: Any, owner: str, docker_env: DockerEnvironment
 ) -> None:
-    dying = ServiceSpec(image=TEST_IMAGE, command=["sh", "-c", "echo boom-$$ >&2; exit 7"])
+    # The engine reports a container as running for a moment after `start`, so a service
+    # that exits within milliseconds may pass the first look; it exits within a second
+    # here, while another service's healthcheck holds the open for longer, so the last
+    # look (every service must still run when open() returns) sees it gone.
+    dying = ServiceSpec(
+        image=TEST_IMAGE, command=["sh", "-c", "sleep 0.5; echo boom-$$ >&2; exit 7"]
+    )
+    slow = ServiceSpec(
+        image=TEST_IMAGE,
+        command=["sleep", "600"],
+        healthcheck=Healthcheck(test=["true"], start_period_s=3),
+    )
     with pytest.raises(ProviderError, match=r"service 'dying'.*exited \(code 7\).*boom-"):
-        await docker_env.open(plan(dying=dying))
+        await docker_env.open(plan(dying=dying, slow=slow))
     assert leftovers(engine, owner) == []
 
 
