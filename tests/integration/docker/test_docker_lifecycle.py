@@ -94,7 +94,8 @@ async def test_unenforceable_policy_is_refused_before_anything_exists(
     engine: Any, owner: str
 ) -> None:
     env = make_env(owner)
-    plan = ExecutionPlan(image=TEST_IMAGE, network="allowlist:*.corral.test")  # type: ignore[arg-type]
+    # A denylist cannot hold a wildcard: the sandbox may use any resolver in a denylist.
+    plan = ExecutionPlan(image=TEST_IMAGE, network="denylist:*.corral.test")  # type: ignore[arg-type]
     with pytest.raises(NetworkPolicyUnsupported, match=r"\*\.corral\.test.*baseline"):
         await env.open(plan)
     assert leftovers(engine, owner) == []
