@@ -6,6 +6,7 @@ over wherever the helper cannot be copied or run."""
 from __future__ import annotations
 
 import logging
+import posixpath
 import secrets
 import threading
 import time
@@ -115,7 +116,7 @@ async def test_env_cwd_and_stdin_match_plain_exec(namespace: str, cwd: str | Non
         executor = _channel(session)
         await session.exec(["mkdir", "-p", "/srv/work/relative"])
         through = await session.exec(PROBE, env={"CORRAL_X": "1"}, cwd=cwd)
-        absolute = None if cwd is None else session._absolute(cwd)  # pyright: ignore[reportPrivateUsage]
+        absolute = None if cwd is None else posixpath.join("/srv/work", cwd)
         plain = await executor.plain.run(
             ExecRequest(("sh", "-c", PROBE), env={"CORRAL_X": "1"}, cwd=absolute)
         )
