@@ -100,6 +100,17 @@ class Executor(Protocol):
         ...
 
 
+class Stateless:
+    """An executor that keeps nothing in the sandbox or on the harness's side (a plain
+    per-command exec): nothing to reset, nothing to close."""
+
+    def reset(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
 class Transport(Protocol):
     """The byte stream to one running helper: its stdin one way, its stdout the other."""
 

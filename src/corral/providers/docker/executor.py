@@ -11,14 +11,14 @@ session's `ExecRequest` (`corral.core.session`), checked and normalized once by
 from __future__ import annotations
 
 from corral.core.session import ExecRequest, ExecResult
-from corral.helper.channel import Executor
+from corral.helper.channel import Executor, Stateless
 from corral.providers.docker.engine import Engine
 from corral.providers.docker.execution import run_exec
 
 __all__ = ["Executor", "PlainExecutor"]
 
 
-class PlainExecutor:
+class PlainExecutor(Stateless):
     """One engine exec per command."""
 
     def __init__(self, api: Engine, tokens: int, container: str) -> None:
@@ -40,9 +40,3 @@ class PlainExecutor:
             on_output=request.on_output,
             output_limit=request.output_limit,
         )
-
-    def reset(self) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass

@@ -26,7 +26,6 @@ image without `tar`, a full disk), a helper that does not start or answer.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import secrets
 import selectors
@@ -45,12 +44,19 @@ from corral.core.output import BoundedOutput
 from corral.core.session import ExecRequest, ExecResult
 from corral.errors import ProviderError
 from corral.helper import helper_archive, helper_binary
-from corral.helper.channel import DIAGNOSTICS, Channel, ChannelUnavailable, ProtocolError
+from corral.helper.channel import (
+    DIAGNOSTICS,
+    Channel,
+    ChannelUnavailable,
+    ProtocolError,
+    Stateless,
+)
 from corral.helper.channel import ChannelExecutor as _ChannelExecutor
-from corral.providers.k8s.api import TRANSPORT_ERRORS, Api, call, explain
+from corral.providers.k8s.api import TRANSPORT_ERRORS, call, explain
 from corral.providers.k8s.execution import (
     FRAME,
     Target,
+    connect,
     exit_code,
     kill,
     run_blocking_exec,
@@ -58,7 +64,6 @@ from corral.providers.k8s.execution import (
 )
 
 log = logging.getLogger("corral.k8s.channel")
-stream: Api = importlib.import_module("kubernetes.stream").stream
 
 #: bytes read from, or written to, the socket at once
 IO_CHUNK = 64 * 1024
@@ -69,7 +74,7 @@ _STDIN = bytes([0])
 _COPY = 'head -c "$1" | tar -x -f - -C /'
 
 
-class PlainExecutor:
+class PlainExecutor(Stateless):
     """One websocket exec through the API server per command."""
 
     def __init__(self, target: Target) -> None:
@@ -86,12 +91,6 @@ class PlainExecutor:
             on_output=request.on_output,
             output_limit=request.output_limit,
         )
-
-    def reset(self) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
 
 
 class WebSocketTransport:
@@ -267,23 +266,6 @@ class WebSocketTransport:
                 sock.close()
 
 
-def _connect(target: Target, argv: list[str]) -> Any:
-    """The exec websocket of `argv` with stdin, handshake done, nothing read (blocking)."""
-    return stream(
-        target.clients.streaming().connect_get_namespaced_pod_exec,
-        target.pod,
-        target.namespace,
-        container=target.container,
-        command=argv,
-        stdin=True,
-        stdout=True,
-        stderr=True,
-        tty=False,
-        _preload_content=False,
-        binary=True,
-    )
-
-
 class ChannelExecutor(_ChannelExecutor):
     """Execs through a helper in the sandbox container; plain websocket exec where it
     cannot."""
@@ -354,7 +336,7 @@ class ChannelExecutor(_ChannelExecutor):
         await self._copy(binary, name)
         try:
             try:
-                ws = await call(target.tokens, _connect, target, [path, path, "1"])
+                ws = await call(target.tokens, connect, target, [path, path, "1"], stdin=True)
             except ApiException as exc:
                 raise ChannelUnavailable(f"starting the helper failed: {explain(exc)}") from None
             except (ProviderError, WebSocketException, *TRANSPORT_ERRORS) as exc:
