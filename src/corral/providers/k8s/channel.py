@@ -20,7 +20,9 @@ after the handshake are read and written here, without its buffering.
 
 Fallbacks (plain exec for the session's life, logged once): no binary for the node's
 architecture, a copy that fails (a container not running as root cannot write `/`, an
-image without `tar`, a full disk), a helper that does not start or answer.
+image without `tar`, a full disk), a helper that does not start or answer. A connection
+to the API server that fails while the helper starts fails that call (`ProviderError`),
+as it would fail a plain exec; the next call tries again.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import anyio
 from anyio.lowlevel import EventLoopToken
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream.ws_client import ERROR_CHANNEL, STDERR_CHANNEL, STDOUT_CHANNEL
-from websocket import ABNF, WebSocketException
+from websocket import ABNF
 
 from corral.core.output import BoundedOutput
 from corral.core.session import ExecRequest, ExecResult
@@ -52,7 +54,7 @@ from corral.helper.channel import (
     Stateless,
 )
 from corral.helper.channel import ChannelExecutor as _ChannelExecutor
-from corral.providers.k8s.api import TRANSPORT_ERRORS, call, explain
+from corral.providers.k8s.api import call, explain
 from corral.providers.k8s.execution import (
     FRAME,
     Target,
@@ -275,6 +277,14 @@ class ChannelExecutor(_ChannelExecutor):
         self.plain: PlainExecutor = PlainExecutor(target)
         super().__init__(self.plain, sandbox_id, log)
 
+    async def run(self, request: ExecRequest) -> ExecResult:
+        try:
+            return await super().run(request)
+        except ProviderError as exc:
+            if type(exc) is not ProviderError or not str(exc).startswith("the exec channel"):
+                raise
+            raise ProviderError(f"exec in Pod {self.target.pod}: {exc}") from None
+
     def _placement(self, request: ExecRequest) -> tuple[str | None, str]:
         # As the helper itself (the container's user); "" is the container's working dir.
         return None, request.cwd or ""
@@ -301,18 +311,19 @@ class ChannelExecutor(_ChannelExecutor):
         archive = await anyio.to_thread.run_sync(helper_archive, binary, name)
         stderr = BoundedOutput(4096)
         target = self.target
+        # A lost connection raises ProviderError: this call fails, the next tries again.
+        status, _ = await call(
+            target.tokens,
+            run_blocking_exec,
+            target,
+            ["sh", "-c", _COPY, "sh", str(len(archive))],
+            [archive],
+            None,
+            lambda stream, data: stderr.feed(data) if stream == "stderr" else None,
+        )
         try:
-            status, _ = await call(
-                target.tokens,
-                run_blocking_exec,
-                target,
-                ["sh", "-c", _COPY, "sh", str(len(archive))],
-                [archive],
-                None,
-                lambda stream, data: stderr.feed(data) if stream == "stderr" else None,
-            )
             code = exit_code(status)
-        except ProviderError as exc:
+        except ProviderError as exc:  # the exec itself failed in the Pod (no `sh`)
             raise ChannelUnavailable(
                 f"copying the helper into the container failed: {exc}"
             ) from None
@@ -335,12 +346,12 @@ class ChannelExecutor(_ChannelExecutor):
         path = f"/{name}"
         await self._copy(binary, name)
         try:
+            # Refused or lost, the API server fails this call as it would a plain exec (a
+            # ProviderError); the next call tries again.
             try:
                 ws = await call(target.tokens, connect, target, [path, path, "1"], stdin=True)
             except ApiException as exc:
-                raise ChannelUnavailable(f"starting the helper failed: {explain(exc)}") from None
-            except (ProviderError, WebSocketException, *TRANSPORT_ERRORS) as exc:
-                raise ChannelUnavailable(f"starting the helper failed: {exc}") from None
+                raise ProviderError(f"exec in Pod {target.pod} failed: {explain(exc)}") from None
             channel = Channel(WebSocketTransport(ws), token, "k8s", target.tokens, self.sandbox_id)
             channel.start_reader()
             try:
