@@ -193,7 +193,8 @@ func main() {
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 
 	hello, _ := json.Marshal(map[string]any{
-		"version": version, "uid": os.Getuid(), "can_switch_user": canSwitchUser(),
+		"version": version, "uid": os.Getuid(), "pid": os.Getpid(),
+		"can_switch_user": canSwitchUser(),
 	})
 	out.frame('H', 0, hello)
 
