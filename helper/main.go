@@ -1,14 +1,15 @@
-// corral-exec: the exec channel's helper, started once per sandbox as root over one
-// long-lived `docker exec` stream. It spawns each command it is asked for with the same
-// semantics as a plain exec (argv, cwd, env, user, stdin, exit code, stdout and stderr
-// apart) and streams the output back, several commands at once, multiplexed by id.
+// corral-exec: the exec channel's helper, started once per sandbox over one long-lived
+// exec stream (on Docker a `docker exec` as root; on Kubernetes a websocket exec through
+// the API server, as the container's user). It spawns each command it is asked for with
+// the same semantics as a plain exec (argv, cwd, env, user, stdin, exit code, stdout and
+// stderr apart) and streams the output back, several commands at once, multiplexed by id.
 //
 // Nothing corral decides depends on this program: it only carries the workload's own
 // commands and their output, which the workload controls anyway. Anything it cannot do
 // exactly as the engine would (an unknown user, a missing cwd or program, no capability
 // to switch users) is answered with a refusal, and corral runs that call as a plain exec.
 //
-// Frames, both ways (see src/corral/providers/docker/channel.py):
+// Frames, both ways (see src/corral/helper/channel.py):
 //
 //	u32 length (big-endian) of what follows | u8 kind | u32 id | payload
 //
@@ -53,6 +54,9 @@ type spec struct {
 	User   string   `json:"user"`
 	Stdin  bool     `json:"stdin"`
 	Marker string   `json:"marker"`
+	// AsSelf: run as the helper's own user, groups and environment (no switch), where the
+	// API the helper was started through cannot switch users either (Kubernetes).
+	AsSelf bool `json:"as_self"`
 }
 
 type writer struct {
@@ -189,7 +193,8 @@ func main() {
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 
 	hello, _ := json.Marshal(map[string]any{
-		"version": version, "uid": os.Getuid(), "can_switch_user": canSwitchUser(),
+		"version": version, "uid": os.Getuid(), "pid": os.Getpid(),
+		"can_switch_user": canSwitchUser(),
 	})
 	out.frame('H', 0, hello)
 
@@ -283,14 +288,22 @@ func start(id uint32, payload []byte) {
 		refuse(id, fmt.Errorf("bad request"))
 		return
 	}
-	u, err := resolveUser(s.User)
-	if err != nil {
-		refuse(id, err)
-		return
-	}
-	env := mergeEnv(baseEnv(), s.Env)
-	if _, ok := getenv(env, "HOME"); !ok {
-		env = append(env, "HOME="+u.home)
+	var u execUser
+	var env []string
+	if s.AsSelf {
+		u = execUser{uid: os.Getuid(), gid: os.Getgid()}
+		env = mergeEnv(os.Environ(), s.Env)
+	} else {
+		var err error
+		u, err = resolveUser(s.User)
+		if err != nil {
+			refuse(id, err)
+			return
+		}
+		env = mergeEnv(baseEnv(), s.Env)
+		if _, ok := getenv(env, "HOME"); !ok {
+			env = append(env, "HOME="+u.home)
+		}
 	}
 	path, err := lookPath(s.Argv[0], env, s.Cwd)
 	if err != nil {
@@ -318,10 +331,12 @@ func start(id uint32, payload []byte) {
 		Stderr: errW,
 		SysProcAttr: &syscall.SysProcAttr{
 			Setsid: true, // its own session and process group: killed as one
-			Credential: &syscall.Credential{
-				Uid: uint32(u.uid), Gid: uint32(u.gid), Groups: u.groups,
-			},
 		},
+	}
+	if !s.AsSelf {
+		cmd.SysProcAttr.Credential = &syscall.Credential{
+			Uid: uint32(u.uid), Gid: uint32(u.gid), Groups: u.groups,
+		}
 	}
 	var inW *os.File
 	if s.Stdin {

@@ -1,7 +1,7 @@
 """Kubernetes rows: Pod open with `no-network` enforced vs `kubectl run` + wait Ready,
-exec vs `kubectl exec`, a policy patch until the probe sees it enforced, directory
-transfers vs `kubectl cp` (k8s_transfer), and many Pods opened at once (k8s_scale: 100 in
-a full run, a fifth with --quick).
+exec (through the exec channel, and plain) vs `kubectl exec`, a policy patch until the
+probe sees it enforced, directory transfers vs `kubectl cp` (k8s_transfer), and many Pods
+opened at once (k8s_scale: 100 in a full run, a fifth with --quick).
 
 Runs against KUBECONFIG (default: the cluster of tests/integration/cluster/up.sh) in a
 namespace of its own, removed at the end; skipped with the reason when no cluster answers.
@@ -22,11 +22,15 @@ from bench.cases.k8s_scale import FULL, scale_rows
 from bench.cases.k8s_transfer import transfer_rows
 from bench.context import TEST_IMAGE, Context, timed, timed_sync
 from bench.report import Row, ratio_at_most
-from bench.stats import summarize
+from bench.stats import Summary, summarize
 from corral import ExecutionPlan, NetworkPolicy
+from corral.core.session import ExecRequest
 from corral.providers.k8s import KubernetesConfig, KubernetesEnvironment
+from corral.providers.k8s.channel import ChannelExecutor
 from corral.providers.k8s.session import KubernetesSession
 
+#: issue 14: exec through the channel at most this times `kubectl exec`'s p50
+CHANNEL_TARGET = 0.25
 DEFAULT_KUBECONFIG = "/var/lib/corral-cluster/admin.kubeconfig"
 CACHED_KUBECTL = "/var/cache/corral/cluster/kubernetes-v1.34.4/bin/kubectl"
 OPEN_TARGET = 1.2
@@ -121,14 +125,19 @@ async def _rows(ctx: Context, env: KubernetesEnvironment, base: list[str]) -> li
             [*base, "delete", "pod", name, "--grace-period=0", "--force"], check=False
         )
     execs: list[float] = []
+    plains: list[float] = []
     kexecs: list[float] = []
     switches: list[float] = []
     enforced: list[float] = []
     async with env.session(plan) as session:
         assert isinstance(session, KubernetesSession)
         pod = session.target.pod
+        executor = session.executor
+        assert isinstance(executor, ChannelExecutor), "the channel is the default"
+        await session.exec(["true"])  # starts the channel: copy the helper, open its websocket
         for _ in range(ctx.reps(20)):
             execs.append(await timed(lambda: session.exec(["true"])))
+            plains.append(await timed(lambda: executor.plain.run(ExecRequest(("true",)))))
             kexecs.append(
                 await anyio.to_thread.run_sync(
                     timed_sync,
@@ -150,7 +159,8 @@ async def _rows(ctx: Context, env: KubernetesEnvironment, base: list[str]) -> li
             target=f"p50 ≤ {OPEN_TARGET}x",
             met=ratio_at_most(summarize(opens), summarize(runs), OPEN_TARGET),
         ),
-        Row("k8s: exec `true`", summarize(execs), "`kubectl exec`", summarize(kexecs)),
+        _channel_row(executor, summarize(execs), summarize(kexecs)),
+        Row("k8s: exec `true` (plain)", summarize(plains), "`kubectl exec`", summarize(kexecs)),
         Row(
             "k8s: switch public → no-network (patch, probe refused)",
             summarize(switches),
@@ -158,3 +168,17 @@ async def _rows(ctx: Context, env: KubernetesEnvironment, base: list[str]) -> li
             summarize(enforced),
         ),
     ]
+
+
+def _channel_row(executor: ChannelExecutor, execs: Summary, kexecs: Summary) -> Row:
+    case = "k8s: exec `true` (channel)"
+    if executor.starts == 0:
+        return Row(case, note=f"no channel: {executor.unavailable}", met=False)
+    return Row(
+        case,
+        execs,
+        "`kubectl exec`",
+        kexecs,
+        target=f"p50 ≤ {CHANNEL_TARGET}x `kubectl exec`",
+        met=ratio_at_most(execs, kexecs, CHANNEL_TARGET),
+    )

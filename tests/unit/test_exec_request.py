@@ -171,19 +171,25 @@ def _bare(cls: type[EnvironmentSession], **attrs: Any) -> Any:
     return made
 
 
+class Recorder:
+    """A session's executor that only keeps the requests it is handed."""
+
+    def __init__(self, seen: list[ExecRequest]) -> None:
+        self.seen = seen
+
+    async def run(self, request: ExecRequest) -> ExecResult:
+        self.seen.append(request)
+        return ExecResult(returncode=0, stdout="", stderr="", duration_s=0.0)
+
+
 async def test_docker_resolves_cwd_and_user_then_hands_over_the_core_request() -> None:
     pytest.importorskip("docker")
     from corral.providers.docker.session import DockerSession
 
     seen: list[ExecRequest] = []
 
-    class Recorder:
-        async def run(self, request: ExecRequest) -> ExecResult:
-            seen.append(request)
-            return ExecResult(returncode=0, stdout="", stderr="", duration_s=0.0)
-
     sandbox = _bare(
-        DockerSession, executor=Recorder(), workdir="/work", user="agent", default_timeout=9.0
+        DockerSession, executor=Recorder(seen), workdir="/work", user="agent", default_timeout=9.0
     )
     await sandbox.exec("pwd", cwd="sub/../x")
     await sandbox.exec(["id"], cwd="/abs", user="0", timeout=2)
@@ -195,33 +201,19 @@ async def test_docker_resolves_cwd_and_user_then_hands_over_the_core_request() -
     ]
 
 
-async def test_kubernetes_refuses_a_user_and_makes_cwd_absolute(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_kubernetes_refuses_a_user_and_makes_cwd_absolute() -> None:
     pytest.importorskip("kubernetes")
     from corral.errors import ExecUserUnsupported
     from corral.providers.k8s import session as k8s
 
-    calls: list[dict[str, Any]] = []
+    seen: list[ExecRequest] = []
 
-    async def run_exec(target: object, args: list[str], **kwargs: Any) -> ExecResult:
-        calls.append({"target": target, "args": args, **kwargs})
-        return ExecResult(returncode=0, stdout="", stderr="", duration_s=0.0)
-
-    monkeypatch.setattr(k8s, "run_exec", run_exec)
-    sandbox = _bare(k8s.KubernetesSession, target="pod", workdir="/w", output_limit=77)
+    sandbox = _bare(
+        k8s.KubernetesSession, executor=Recorder(seen), target="pod", workdir="/w", output_limit=77
+    )
     with pytest.raises(ExecUserUnsupported, match="'root'"):
         await sandbox.exec(["id"], user="root")
     await sandbox.exec(["ls"], cwd="d", env={"A": "1"}, stdin="x")
-    assert calls == [
-        {
-            "target": "pod",
-            "args": ["ls"],
-            "cwd": "/w/d",
-            "env": {"A": "1"},
-            "stdin": b"x",
-            "timeout": None,
-            "on_output": None,
-            "output_limit": 77,
-        }
+    assert seen == [
+        ExecRequest(("ls",), cwd="/w/d", env={"A": "1"}, stdin=b"x", output_limit=77),
     ]

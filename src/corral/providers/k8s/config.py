@@ -137,6 +137,14 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
     output_limit_bytes: int = Field(
         default=DEFAULT_OUTPUT_LIMIT, ge=1024, description="bytes of stdout/stderr kept per exec"
     )
+    exec_channel: bool = Field(
+        default=True,
+        description="run the sandbox container's execs through one helper process per Pod "
+        "(corral's static corral-exec binary, copied in with the image's tar and started "
+        "once over a long-lived websocket exec) instead of one API server exec each; where "
+        "the helper cannot be copied or run (no binary for the node's architecture, a "
+        "container not running as root), execs fall back to plain execs and the logs say so",
+    )
     max_workers: int = Field(default=64, ge=1, description="worker threads for blocking API calls")
     api_timeout_s: float = Field(
         default=30.0,

@@ -161,6 +161,8 @@ class KubernetesEnvironment(BaseEnvironment):
         await self._own(clients, name, pod.metadata.uid, created_policy.metadata.name)
         pod = await wait_running(clients, cfg.max_workers, cfg.namespace, name)
         session = self._session(clients, pod, initial)
+        # Unwound first: the exec channel's websocket and reader thread end with the session.
+        owned.push_async_callback(session.executor.aclose)
         await self._apply_baseline(session, baseline)
         # Under the verified baseline, and before the workload's own command starts (as
         # compose starts what depends on a healthy service); bounded by startup_s.
@@ -203,6 +205,7 @@ class KubernetesEnvironment(BaseEnvironment):
             snapshots=self.snapshots,
             snapshot_paths=cfg.snapshot_paths,
             snapshot_limits=cfg.snapshot_limits,
+            exec_channel=cfg.exec_channel,
         )
         session.image = sandbox.image
         return session
@@ -257,6 +260,7 @@ class KubernetesEnvironment(BaseEnvironment):
         owned = AsyncExitStack()
         owned.push_async_callback(self._delete, "network_policy", name, session_id, instance)
         owned.push_async_callback(self._delete, "pod", name, session_id, instance)
+        owned.push_async_callback(session.executor.aclose)
         return session, owned
 
     async def _from_snapshot(self, ref: SnapshotRef, plan: ExecutionPlan) -> ExecutionPlan:

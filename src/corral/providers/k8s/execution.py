@@ -85,6 +85,24 @@ def exit_code(status: str) -> int | None:
     raise ProviderError(f"exec failed in the Pod: {parsed.get('message', status)}")
 
 
+def connect(target: Target, argv: list[str], *, stdin: bool) -> Any:
+    """The exec websocket of `argv` in `target`, its handshake done and nothing read yet
+    (blocking); raises ApiException when the API server refuses it."""
+    return stream(
+        target.clients.streaming().connect_get_namespaced_pod_exec,
+        target.pod,
+        target.namespace,
+        container=target.container,
+        command=argv,
+        stdin=stdin,
+        stdout=True,
+        stderr=True,
+        tty=False,
+        _preload_content=False,
+        binary=True,
+    )
+
+
 class ExecStream:
     """One exec, driven in the calling thread; iterating yields (stream, bytes) as they
     arrive, after which `status` holds the status channel's JSON."""
@@ -107,19 +125,7 @@ class ExecStream:
 
     def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
         try:
-            ws: Any = stream(
-                self.target.clients.streaming().connect_get_namespaced_pod_exec,
-                self.target.pod,
-                self.target.namespace,
-                container=self.target.container,
-                command=self.argv,
-                stdin=self.stdin is not None,
-                stdout=True,
-                stderr=True,
-                tty=False,
-                _preload_content=False,
-                binary=True,
-            )
+            ws: Any = connect(self.target, self.argv, stdin=self.stdin is not None)
         except ApiException as exc:
             raise ProviderError(f"exec in Pod {self.target.pod} failed: {explain(exc)}") from None
         status: bytes = b""

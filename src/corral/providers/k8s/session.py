@@ -11,7 +11,7 @@ import posixpath
 import tarfile
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import anyio
@@ -31,17 +31,18 @@ from corral.errors import (
     RemotePathNotFound,
     UnsafeArchiveMember,
 )
+from corral.helper.channel import Executor
 from corral.network.policy import NetworkPolicy
 from corral.network.resolve import needs_dns
 from corral.network.targets import EntryType, IPAddress
 from corral.providers.k8s import enforcement
 from corral.providers.k8s.api import call
+from corral.providers.k8s.channel import ChannelExecutor, PlainExecutor
 from corral.providers.k8s.execution import (
     ExecStream,
     Target,
     exit_code,
     run_blocking_exec,
-    run_exec,
 )
 from corral.providers.k8s.forward import PortForwarder
 from corral.providers.k8s.reaper import Reaper
@@ -95,9 +96,15 @@ class KubernetesSession(EnvironmentSession):
         snapshots: SnapshotShelf,
         snapshot_paths: tuple[str, ...] | None,
         snapshot_limits: TreeLimits,
+        exec_channel: bool = True,
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.target = target
+        #: how the sandbox container's execs run: one helper reached over one websocket
+        #: (`channel.py`), or one websocket exec each; services always the latter
+        self.executor: Executor = (
+            ChannelExecutor(target, id) if exec_channel else PlainExecutor(target)
+        )
         self.prober = prober
         self.policy_name = policy_name
         self.labels = labels
@@ -148,17 +155,11 @@ class KubernetesSession(EnvironmentSession):
                 "set run_as_user in the provider config instead"
             )
         place = self._place(request.service)
+        cwd = self._absolute(request.cwd, place.workdir) if request.cwd is not None else None
         try:
-            return await run_exec(
-                place.target,
-                list(request.args),
-                cwd=self._absolute(request.cwd, place.workdir) if request.cwd is not None else None,
-                env=request.env,
-                stdin=request.stdin,
-                timeout=request.timeout,
-                on_output=request.on_output,
-                output_limit=request.output_limit,
-            )
+            if request.service is None:
+                return await self.executor.run(replace(request, cwd=cwd))
+            return await PlainExecutor(place.target).run(replace(request, cwd=cwd))
         except ProviderError as exc:
             if request.service is None or type(exc) is not ProviderError:
                 raise
@@ -168,6 +169,14 @@ class KubernetesSession(EnvironmentSession):
                 else ""
             )
             raise ProviderError(f"service {request.service!r}: {exc}{hint}") from None
+
+    async def _plain(self, place: Place, argv: list[str]) -> ExecResult:
+        """A command of corral's own (the file calls' checks): one websocket exec, never
+        through the exec channel, whose helper the workload controls."""
+        request = ExecRequest(
+            tuple(argv), timeout=self.default_timeout, output_limit=self.output_limit
+        )
+        return await PlainExecutor(place.target).run(request)
 
     async def _stream_in(
         self, target: Target, directory: str, chunks: Iterator[bytes], *, root: bool
@@ -236,7 +245,7 @@ class KubernetesSession(EnvironmentSession):
         """
         place = self._place(service)
         source = self._absolute(remote, place.workdir)
-        sized = await self.exec(["sh", "-c", _SIZE, "sh", source], service=service)
+        sized = await self._plain(place, ["sh", "-c", _SIZE, "sh", source])
         if sized.returncode == MISSING:
             raise RemotePathNotFound(remote)
         if sized.returncode == IS_DIR:
@@ -267,7 +276,7 @@ class KubernetesSession(EnvironmentSession):
         place = self._place(service)
         source = self._absolute(remote_dir, place.workdir)
         check = ["sh", "-c", '[ -d "$1" ] || exit 44', "sh", source]
-        probe = await self.exec(check, service=service)
+        probe = await self._plain(place, check)
         if probe.returncode == MISSING:
             raise RemotePathNotFound(remote_dir)
         execution = ExecStream(place.target, ["sh", "-c", _TAR, "sh", source])
@@ -321,6 +330,7 @@ class KubernetesSession(EnvironmentSession):
         the reaper (in that container's PID namespace). The services keep running: they
         are the task's infrastructure (a database the grader reads), each in a PID
         namespace of its own, which the reaper neither sees nor touches."""
+        self.executor.reset()  # the exec channel's helper dies with the workload
         await self.reaper.end_workload()
 
     async def _save(self) -> SnapshotRef:

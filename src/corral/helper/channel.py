@@ -1,0 +1,482 @@
+"""The exec channel's protocol, shared by the providers: one helper per sandbox, reached
+over one long-lived exec stream, each command a frame.
+
+Every exec through a provider's API (an engine exec, an API server websocket) pays that
+API's exec cost. The channel pays it once: the provider copies corral's helper
+(`corral.helper`, a static binary) into the sandbox at a fresh random path, starts it over
+one exec stream with stdin, and from then on sends each command as a frame; the helper
+spawns it (argv, cwd, env, user, stdin) in its own session and streams stdout, stderr and
+the exit code back, several commands at once, multiplexed by id.
+
+Frames, both ways: `u32 length | u8 kind | u32 id | payload` (length counts kind, id and
+payload). corral -> helper: `R` run (JSON), `I` stdin bytes, `C` end of stdin, `K` kill.
+helper -> corral: `H` hello (JSON, id 0), `o`/`e` output, `X` exit (JSON), `F` refused
+before anything ran.
+
+This module knows nothing of how the frames travel: a provider gives `Channel` a
+`Transport` (Docker: the engine's hijacked exec socket and its 8-byte stream headers;
+Kubernetes: the exec websocket and its channel byte) and a `ChannelExecutor` subclass
+that starts the helper its way.
+
+What corral decides never goes through here (probes, end_workload, archives): the helper
+lives in the sandbox and the workload can kill or impersonate it. All it could do is lie
+about the workload's own output, which the workload controls anyway. It is read as
+hostile input: frames are bounded, and a malformed one breaks the channel.
+
+Fallbacks, each logged by the provider: no binary for the sandbox's architecture, a helper
+that does not start (an image it cannot run in, no room to copy it): plain exec for the
+session's life. A call the helper refuses (an unknown user, a missing cwd or program):
+that call runs as a plain exec, which answers exactly as the provider's API does. A
+channel that breaks mid-call: that call raises `ProviderError` and its tree is killed
+through the plain path; the next call starts a fresh helper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import math
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from anyio.lowlevel import EventLoopToken, current_token
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from corral.core.blocking import run_blocking
+from corral.core.capture import Capture
+from corral.core.logs import event
+from corral.core.markers import MARKER, new_marker
+from corral.core.session import TIMEOUT_RETURNCODE, ExecRequest, ExecResult
+from corral.errors import ProviderError
+
+VERSION = 1
+#: the largest frame either side sends is a 32 KiB chunk; anything far larger is garbage
+MAX_FRAME = 1 << 20
+STDIN_CHUNK = 64 * 1024
+HELLO_TIMEOUT_S = 10.0
+#: how long a kill waits for the helper to report the command gone
+KILL_WAIT_S = 2.0
+#: seconds `aclose` waits for the reader thread once the stream is shut
+CLOSE_WAIT_S = 5.0
+#: bytes of the helper's own diagnostics (its stderr, the stream's status) kept
+DIAGNOSTICS = 2048
+_HEADER = struct.Struct(">IBI")
+_STREAM = {ord("o"): "stdout", ord("e"): "stderr"}
+
+
+class ChannelUnavailable(Exception):
+    """The helper could not be started here; the message says why."""
+
+
+class ProtocolError(Exception):
+    pass
+
+
+class Executor(Protocol):
+    """How a session runs a command in its sandbox: the plain per-command exec of its
+    provider, or a `ChannelExecutor` that falls back to it."""
+
+    async def run(self, request: ExecRequest) -> ExecResult:
+        """Run `request` under the session contract (`EnvironmentSession.exec`); its `cwd`
+        is absolute or None (the container's working directory), its `user` a name, an id
+        or None (the container's user)."""
+        ...
+
+    def reset(self) -> None:
+        """The sandbox's processes are gone (its workload was ended): forget any that this
+        executor keeps there. Never blocks."""
+        ...
+
+    async def aclose(self) -> None:
+        """The session is closing: stop what this executor runs on the harness's side
+        (threads, streams), bounded."""
+        ...
+
+
+class Stateless:
+    """An executor that keeps nothing in the sandbox or on the harness's side (a plain
+    per-command exec): nothing to reset, nothing to close."""
+
+    def reset(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+class Transport(Protocol):
+    """The byte stream to one running helper: its stdin one way, its stdout the other."""
+
+    def recv(self) -> bytes:
+        """Blocking: the next bytes the helper wrote on its stdout; b"" once the stream
+        ended. Called from the channel's one reader thread only. Raises OSError (or
+        ValueError, ProtocolError) when the stream fails."""
+        ...
+
+    def send(self, data: bytes) -> None:
+        """Blocking, from any thread: `data` to the helper's stdin, all of it, in order.
+        Raises OSError once the stream is shut or broken."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the stream: `recv` returns b"" soon after and `send` raises; the helper,
+        its stdin closed, kills what it runs and exits. Never blocks."""
+        ...
+
+    def close(self) -> None:
+        """Release the stream (called by the reader thread once it leaves)."""
+        ...
+
+    def diagnostics(self) -> str:
+        """What the helper or the stream's far side said on the way out (bounded)."""
+        ...
+
+
+def frame(kind: str, rid: int, payload: bytes = b"") -> bytes:
+    return _HEADER.pack(5 + len(payload), ord(kind), rid) + payload
+
+
+class FrameParser:
+    """The helper's frames out of its stdout bytes, as they arrive."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
+        self._buffer += data
+        frames: list[tuple[int, int, bytes]] = []
+        while len(self._buffer) >= _HEADER.size:
+            size, kind, rid = _HEADER.unpack_from(self._buffer)
+            if size < 5 or size > MAX_FRAME:
+                raise ProtocolError(f"frame of {size} bytes: {self.head()!r}")
+            if len(self._buffer) < 4 + size:
+                break
+            frames.append((kind, rid, bytes(self._buffer[_HEADER.size : 4 + size])))
+            del self._buffer[: 4 + size]
+        return frames
+
+    def head(self) -> bytes:
+        return bytes(self._buffer[:120])
+
+
+Message = tuple[int, bytes]  # (kind, payload); kind 0: the channel broke (payload: why)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The helper refused a call before anything ran: it goes to plain exec."""
+
+    reason: str
+
+
+class KillFallback(Protocol):
+    async def __call__(self, marker: str, user: str | None) -> None:
+        """Kill the tree carrying `marker` through the plain path, bounded."""
+        ...
+
+
+class Channel:
+    """One running helper and the stream to it."""
+
+    def __init__(
+        self, transport: Transport, token: EventLoopToken, key: str, tokens: int, sandbox_id: str
+    ) -> None:
+        self.transport = transport
+        self.token = token
+        #: the limiter (`core.blocking`) its blocking writes run under
+        self.key = key
+        self.tokens = tokens
+        self.dead: str | None = None
+        self.hello: dict[str, Any] = {}
+        self._ids = itertools.count(1)
+        self._boxes: dict[int, MemoryObjectSendStream[Message]] = {}
+        self._parser = FrameParser()
+        self._thread: threading.Thread | None = None
+        self.sandbox_id = sandbox_id
+
+    # -- the reader thread: blocking reads, delivered to the loop in batches --------------
+
+    def start_reader(self) -> None:
+        self._thread = threading.Thread(
+            # Named for its session, which it lives as long as (see testing.leftovers).
+            target=self._read_loop,
+            name=f"corral-exec-channel-{self.sandbox_id}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _read_loop(self) -> None:
+        reason = "the helper's stream ended"
+        try:
+            while True:
+                data = self.transport.recv()
+                if not data:
+                    break
+                frames = self._parser.feed(data)
+                if frames:
+                    anyio.from_thread.run_sync(self._deliver, frames, token=self.token)
+        except ProtocolError as exc:
+            reason = f"the helper spoke nonsense ({exc})"
+        except (OSError, ValueError) as exc:
+            reason = f"the helper's stream failed: {exc}"
+        except RuntimeError:
+            return  # the event loop is gone, and every caller with it
+        finally:
+            with contextlib.suppress(OSError):
+                self.transport.close()
+        diagnostics = self.transport.diagnostics()
+        if diagnostics:
+            reason = f"{reason}: {diagnostics}"
+        with contextlib.suppress(RuntimeError):
+            anyio.from_thread.run_sync(self._broken, reason, token=self.token)
+
+    def _deliver(self, frames: list[tuple[int, int, bytes]]) -> None:
+        for kind, rid, payload in frames:
+            box = self._boxes.get(rid)
+            if box is not None:
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    box.send_nowait((kind, payload))
+
+    def _broken(self, reason: str) -> None:
+        if self.dead is None:
+            self.dead = reason
+        for box in self._boxes.values():
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                box.send_nowait((0, reason.encode()))
+
+    def close(self) -> None:
+        """Stop using this helper: its stream is shut, so it kills what it runs and exits;
+        the reader thread sees the end and leaves. Never blocks."""
+        if self.dead is None:
+            self.dead = "closed"
+        with contextlib.suppress(OSError):
+            self.transport.shutdown()
+
+    async def join(self, timeout_s: float) -> None:
+        """Wait (off the loop, which the reader may still need once) for the reader thread
+        to leave after `close`."""
+        thread = self._thread
+        if thread is not None:
+            await anyio.to_thread.run_sync(thread.join, timeout_s)
+
+    # -- the event loop side ---------------------------------------------------------------
+
+    def _open_box(self, rid: int) -> MemoryObjectReceiveStream[Message]:
+        send, receive = anyio.create_memory_object_stream[Message](math.inf)
+        self._boxes[rid] = send
+        return receive
+
+    def _close_box(self, rid: int, receive: MemoryObjectReceiveStream[Message]) -> None:
+        box = self._boxes.pop(rid, None)
+        if box is not None:
+            box.close()
+        receive.close()
+
+    async def _write(self, data: bytes) -> None:
+        try:
+            await run_blocking(self.key, self.tokens, self.transport.send, data)
+        except OSError as exc:
+            self.close()
+            raise ProviderError(f"the exec channel broke: {exc}") from None
+
+    async def await_hello(self) -> None:
+        receive = self._open_box(0)
+        try:
+            with anyio.fail_after(HELLO_TIMEOUT_S):
+                kind, payload = await receive.receive()
+        except TimeoutError:
+            raise ChannelUnavailable("the helper did not answer") from None
+        finally:
+            self._close_box(0, receive)
+        if kind != ord("H"):
+            raise ChannelUnavailable(payload.decode(errors="replace") or "no hello")
+        try:
+            hello = json.loads(payload)
+        except ValueError:
+            raise ChannelUnavailable(f"a malformed hello: {payload[:120]!r}") from None
+        if not isinstance(hello, dict) or hello.get("version") != VERSION:  # pyright: ignore[reportUnknownMemberType]
+            raise ChannelUnavailable(f"a helper of another version: {payload[:120]!r}")
+        self.hello = dict(hello)  # pyright: ignore[reportUnknownArgumentType]
+
+    async def run(
+        self,
+        request: ExecRequest,
+        *,
+        user: str | None,
+        cwd: str,
+        kill_fallback: KillFallback,
+    ) -> ExecResult | Refused:
+        """`request` through the helper. `user` None: as the helper itself (no switch);
+        `cwd` "": the helper's own working directory."""
+        if self.dead is not None:
+            raise ProviderError(f"the exec channel broke: {self.dead}")
+        rid = next(self._ids)
+        marker = new_marker()
+        spec = {
+            "argv": request.args,
+            "cwd": cwd,
+            "env": [f"{k}={v}" for k, v in {**request.env, MARKER: marker}.items()],
+            "user": user or "",
+            "as_self": user is None,
+            "stdin": request.stdin is not None,
+            "marker": marker,
+        }
+        message = [frame("R", rid, json.dumps(spec).encode())]
+        if request.stdin is not None:
+            data = request.stdin
+            message += [
+                frame("I", rid, data[i : i + STDIN_CHUNK]) for i in range(0, len(data), STDIN_CHUNK)
+            ]
+            message.append(frame("C", rid))
+        capture = Capture(request.output_limit, request.on_output)
+        receive = self._open_box(rid)
+        finished = False
+        try:
+            await self._write(b"".join(message))
+            with anyio.move_on_after(request.timeout):
+                outcome = await self._collect(receive, capture)
+                finished = True
+                return outcome
+            return capture.result(TIMEOUT_RETURNCODE, timed_out=True)
+        finally:
+            if not finished:
+                # A timeout, a cancellation or a broken stream: end the tree, bounded.
+                with anyio.CancelScope(shield=True):
+                    await self._kill(rid, receive, marker, user, kill_fallback)
+            self._close_box(rid, receive)
+
+    async def _collect(
+        self, receive: MemoryObjectReceiveStream[Message], capture: Capture
+    ) -> ExecResult | Refused:
+        async for kind, payload in receive:
+            stream = _STREAM.get(kind)
+            if stream is not None:
+                await capture.emit(stream, payload)  # pyright: ignore[reportArgumentType]
+            elif kind == ord("X"):
+                await capture.finish()
+                return capture.result(_exit_code(payload))
+            elif kind == ord("F"):
+                return Refused(payload.decode(errors="replace"))
+            elif kind == 0:
+                raise ProviderError(f"the exec channel broke: {payload.decode()}")
+        raise ProviderError("the exec channel broke: its mailbox closed")
+
+    async def _kill(
+        self,
+        rid: int,
+        receive: MemoryObjectReceiveStream[Message],
+        marker: str,
+        user: str | None,
+        kill_fallback: KillFallback,
+    ) -> None:
+        confirmed = False
+        if self.dead is None:
+            with contextlib.suppress(ProviderError):
+                await self._write(frame("K", rid))
+                with anyio.move_on_after(KILL_WAIT_S):
+                    async for kind, _ in receive:
+                        if kind in (ord("X"), ord("F"), 0):
+                            confirmed = kind != 0
+                            break
+        if not confirmed:
+            # The helper is gone or stuck: the tree is found by its marker from outside,
+            # and this helper is not trusted with another call.
+            self.close()
+            await kill_fallback(marker, user)
+
+
+def _exit_code(payload: bytes) -> int:
+    try:
+        exit_info = json.loads(payload)
+        code = exit_info["code"]
+    except (ValueError, KeyError, TypeError):
+        raise ProviderError(
+            f"the exec channel broke: a malformed exit: {payload[:120]!r}"
+        ) from None
+    if not isinstance(code, int) or isinstance(code, bool):
+        raise ProviderError(f"the exec channel broke: exit code {code!r}")
+    return code
+
+
+class ChannelExecutor:
+    """Execs through a helper in the sandbox; the provider's plain exec where the helper
+    cannot serve. A provider subclasses it with how to start the helper (`_start`), where
+    a request lands (`_placement`) and how to kill a tree without it (`_kill_fallback`)."""
+
+    def __init__(self, plain: Executor, sandbox_id: str, log: logging.Logger) -> None:
+        self.plain = plain
+        self.sandbox_id = sandbox_id
+        self.log = log
+        self.channel: Channel | None = None
+        self.unavailable: str | None = None
+        self.starts = 0
+        self._lock = anyio.Lock()
+
+    def reset(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+
+    async def aclose(self) -> None:
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            channel.close()
+            await channel.join(CLOSE_WAIT_S)
+
+    async def run(self, request: ExecRequest) -> ExecResult:
+        channel = await self._channel()
+        if channel is None:
+            return await self.plain.run(request)
+        user, cwd = self._placement(request)
+        outcome = await channel.run(request, user=user, cwd=cwd, kill_fallback=self._kill_fallback)
+        if isinstance(outcome, Refused):
+            self.log.debug("exec channel refused a call (%s); plain exec", outcome.reason)
+            return await self.plain.run(request)
+        return outcome
+
+    def _placement(self, request: ExecRequest) -> tuple[str | None, str]:
+        """The helper's (user, cwd) for `request` (see `Channel.run`)."""
+        raise NotImplementedError
+
+    async def _kill_fallback(self, marker: str, user: str | None) -> None:
+        raise NotImplementedError
+
+    async def _start(self, token: EventLoopToken) -> Channel:
+        """A running helper that said hello, or ChannelUnavailable (having cleaned up)."""
+        raise NotImplementedError
+
+    async def _channel(self) -> Channel | None:
+        async with self._lock:
+            if self.unavailable is not None:
+                return None
+            token = current_token()
+            current = self.channel
+            if current is not None and current.dead is None and current.token == token:
+                return current
+            if current is not None:
+                current.close()
+                self.channel = None
+            try:
+                self.channel = await self._start(token)
+            except ChannelUnavailable as exc:
+                self.unavailable = str(exc)
+                event(
+                    self.log,
+                    "warning",
+                    "exec channel unavailable; using plain exec",
+                    sandbox=self.sandbox_id,
+                    reason=self.unavailable,
+                )
+                return None
+            self.starts += 1
+            event(
+                self.log, "info", "exec channel started", sandbox=self.sandbox_id, start=self.starts
+            )
+            return self.channel

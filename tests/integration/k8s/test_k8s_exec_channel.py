@@ -1,0 +1,333 @@
+"""The exec channel (issue 14) on a real cluster: execs really go through one helper over
+one websocket, with the plain websocket exec's semantics (exit codes, stdin, env, cwd,
+streaming, trees killed on timeout and cancellation, concurrency), and plain exec takes
+over wherever the helper cannot be copied or run."""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from corral import ExecutionPlan
+from corral.core.session import ExecRequest
+from corral.errors import ExecUserUnsupported, ProviderError
+from corral.providers.k8s import execution
+from corral.providers.k8s.channel import ChannelExecutor
+from corral.providers.k8s.session import KubernetesSession
+from tests.integration.k8s.conftest import TEST_IMAGE, make_env
+
+pytestmark = [pytest.mark.k8s, pytest.mark.anyio]
+
+PLAN = ExecutionPlan(image=TEST_IMAGE)
+
+
+def _channel(session: object) -> ChannelExecutor:
+    assert isinstance(session, KubernetesSession)
+    assert isinstance(session.executor, ChannelExecutor), "the default config uses the channel"
+    return session.executor
+
+
+class _Counted:
+    """Counts the plain websocket execs (`execution.stream`) made while it is installed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = execution.stream
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(execution, "stream", counted)
+
+
+async def _survivors(session: Any, pattern: str) -> str:
+    # Through the plain path: nothing the channel did is trusted to show itself gone.
+    result = await _channel(session).plain.run(
+        ExecRequest(("sh", "-c", f"ps -eo args | grep '[{pattern[0]}]{pattern[1:]}' || true"))
+    )
+    return result.stdout.strip()
+
+
+async def test_execs_go_through_one_channel(
+    namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with make_env(namespace).session(PLAN) as session:
+        first = await session.exec(["echo", "hi"])
+        counted = _Counted(monkeypatch)
+        results = [await session.exec(["sh", "-c", f"echo {i}; exit {i % 5}"]) for i in range(20)]
+        assert _channel(session).starts == 1
+    assert first.stdout == "hi\n"
+    assert [(r.returncode, r.stdout) for r in results] == [(i % 5, f"{i}\n") for i in range(20)]
+    assert counted.calls == 0, f"{counted.calls} websocket execs for 20 commands on the channel"
+
+
+async def test_without_the_channel_each_exec_is_a_websocket_exec(
+    namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with make_env(namespace, exec_channel=False).session(PLAN) as session:
+        assert not isinstance(getattr(session, "executor", None), ChannelExecutor)
+        counted = _Counted(monkeypatch)
+        for _ in range(3):
+            await session.exec(["true"])
+    assert counted.calls == 3
+
+
+async def test_exit_codes_and_signals_match_plain_exec(namespace: str) -> None:
+    commands = ["exit 0", "exit 1", "exit 255", "kill -9 $$", "kill -15 $$", "nosuchprogram"]
+    async with make_env(namespace).session(PLAN) as session:
+        executor = _channel(session)
+        through = [(await session.exec(c)).returncode for c in commands]
+        plain = [
+            (await executor.plain.run(ExecRequest(("sh", "-c", c)))).returncode for c in commands
+        ]
+        missing = await session.exec(["/no/such/program"])
+        plain_missing = await executor.plain.run(ExecRequest(("/no/such/program",)))
+        assert executor.starts == 1
+    assert through == plain == [0, 1, 255, 137, 143, 127]
+    assert missing.returncode == plain_missing.returncode != 0, "refused, then run plain"
+
+
+async def test_a_user_is_refused_as_before(namespace: str) -> None:
+    async with make_env(namespace).session(PLAN) as session:
+        with pytest.raises(ExecUserUnsupported):
+            await session.exec(["true"], user="nobody")
+
+
+# PWD and OLDPWD: the plain path's `cd` wrapper sets them, and a shell sets PWD itself.
+PROBE = (
+    'grep -E "^(Uid|Gid|Groups|CapEff|CapBnd|NoNewPrivs)" /proc/self/status; '
+    'echo "HOME=$HOME"; pwd; env | grep -v -e ^CORRAL_EXEC= -e ^PWD= -e ^OLDPWD= | sort; umask'
+)
+
+
+@pytest.mark.parametrize("cwd", [None, "/tmp", "relative"])
+async def test_env_cwd_and_stdin_match_plain_exec(namespace: str, cwd: str | None) -> None:
+    plan = PLAN.model_copy(update={"workdir": "/srv/work"})
+    async with make_env(namespace).session(plan) as session:
+        executor = _channel(session)
+        await session.exec(["mkdir", "-p", "/srv/work/relative"])
+        through = await session.exec(PROBE, env={"CORRAL_X": "1"}, cwd=cwd)
+        absolute = None if cwd is None else posixpath.join("/srv/work", cwd)
+        plain = await executor.plain.run(
+            ExecRequest(("sh", "-c", PROBE), env={"CORRAL_X": "1"}, cwd=absolute)
+        )
+        data = bytes(range(256)) * 4096
+        echoed = await session.exec(["sh", "-c", "cat; echo done >&2"], stdin="hello\nworld")
+        big = await session.exec(["sh", "-c", "wc -c; md5sum"], stdin=data)
+        nothing = await session.exec(["cat"])
+        assert executor.channel is not None and executor.starts == 1
+    assert through.returncode == plain.returncode == 0, (through, plain)
+    assert through.stdout == plain.stdout
+    assert "CORRAL_X=1" in through.stdout
+    assert f"\n{absolute or '/srv/work'}\n" in through.stdout
+    assert (echoed.returncode, echoed.stdout, echoed.stderr) == (0, "hello\nworld", "done\n")
+    assert big.stdout.split()[0] == str(len(data))
+    assert nothing.returncode == 0 and nothing.stdout == "", "no stdin: end of input at once"
+
+
+async def test_output_is_bounded_and_streamed(namespace: str) -> None:
+    chunks: dict[str, list[str]] = {"stdout": [], "stderr": []}
+    async with make_env(namespace, output_limit_bytes=4096).session(PLAN) as session:
+        result = await session.exec(
+            "printf HEAD; head -c 300000 /dev/zero | tr '\\0' x; printf TAIL; "
+            "printf E >&2; printf 'caf\\303\\251' >&2",
+            on_output=lambda stream, text: chunks[stream].append(text),
+        )
+        assert _channel(session).starts == 1
+    assert result.returncode == 0
+    assert result.stdout_truncated and not result.stderr_truncated
+    assert result.stdout.startswith("HEADxx") and result.stdout.endswith("xxTAIL")
+    assert len(result.stdout.encode()) < 4096 + 200
+    assert result.stderr == "Ecafé"
+    assert "".join(chunks["stdout"]).count("x") == 300000, "on_output sees everything"
+    assert "".join(chunks["stderr"]) == "Ecafé"
+
+
+async def test_a_timeout_kills_a_double_forked_tree(namespace: str) -> None:
+    nap = 3000 + secrets.randbelow(6000)
+    async with make_env(namespace).session(PLAN) as session:
+        started = time.monotonic()
+        result = await session.exec(
+            f"(setsid sh -c 'sleep {nap}' &); (sleep {nap} &); echo started; sleep {nap}",
+            timeout=1,
+        )
+        elapsed = time.monotonic() - started
+        await anyio.sleep(0.3)
+        left = await _survivors(session, f"sleep {nap}")
+        assert _channel(session).starts == 1
+    assert result.timed_out and result.returncode == 124
+    assert result.stdout == "started\n"
+    assert elapsed < 3, f"timeout of 1 s took {elapsed:.1f} s"
+    assert left == "", f"left running: {left!r}"
+
+
+async def test_cancelling_an_exec_kills_its_tree_and_the_channel_stays(namespace: str) -> None:
+    nap = 3000 + secrets.randbelow(6000)
+    async with make_env(namespace).session(PLAN) as session:
+        await session.exec(["true"])
+        started = anyio.Event()
+        began = time.monotonic()
+
+        def seen(stream: str, text: str) -> None:
+            started.set()
+
+        async with anyio.create_task_group() as tg:
+
+            async def victim() -> None:
+                await session.exec(
+                    f"(setsid sh -c 'sleep {nap}' &); sleep {nap} & echo go; wait",
+                    on_output=seen,
+                )
+
+            tg.start_soon(victim)
+            await started.wait()
+            await anyio.sleep(0.3)
+            began = time.monotonic()
+            tg.cancel_scope.cancel()
+        took = time.monotonic() - began
+        after = await session.exec(["echo", "still here"])
+        left = await _survivors(session, f"sleep {nap}")
+        assert _channel(session).starts == 1, "the channel survived the cancellation"
+    assert took < 1.5, f"the cancellation took {took:.2f} s"
+    assert after.stdout == "still here\n"
+    assert left == "", f"left running: {left!r}"
+
+
+async def test_concurrent_execs_share_one_channel(namespace: str) -> None:
+    async with make_env(namespace).session(PLAN) as session:
+        await session.exec(["true"])
+        results: dict[int, Any] = {}
+
+        async def one(i: int) -> None:
+            results[i] = await session.exec(
+                f"sleep 0.5; cat; echo out{i}; echo err{i} >&2; exit {i % 7}",
+                stdin=f"in{i}" if i % 2 else None,
+            )
+
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for i in range(24):
+                tg.start_soon(one, i)
+        elapsed = time.monotonic() - started
+        assert _channel(session).starts == 1
+    assert elapsed < 4, f"24 concurrent half-second execs took {elapsed:.1f} s"
+    for i, result in results.items():
+        stdin = f"in{i}" if i % 2 else ""
+        assert (result.returncode, result.stdout, result.stderr) == (
+            i % 7,
+            f"{stdin}out{i}\n",
+            f"err{i}\n",
+        )
+
+
+async def test_end_workload_starts_a_fresh_channel(namespace: str) -> None:
+    async with make_env(namespace).session(PLAN) as session:
+        executor = _channel(session)
+        await session.exec(["true"])
+        first = executor.channel
+        await session.end_workload()
+        result = await session.exec(["echo", "again"])
+        helpers = await executor.plain.run(
+            ExecRequest(("sh", "-c", "ps -eo args | grep -c '^/[.]corral-exec-' || true"))
+        )
+        assert executor.starts == 2 and executor.channel is not first
+    assert result.stdout == "again\n"
+    assert helpers.stdout.strip() == "1", "the old helper died with the workload"
+
+
+async def test_a_channel_broken_mid_call_raises_and_the_next_call_restarts(
+    namespace: str,
+) -> None:
+    async with make_env(namespace).session(PLAN) as session:
+        executor = _channel(session)
+        await session.exec(["true"])
+        failure: list[BaseException] = []
+        raised = anyio.Event()
+        took = float("inf")
+
+        async def victim() -> None:
+            try:
+                await session.exec("sleep 30")
+            except ProviderError as exc:
+                failure.append(exc)
+            raised.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(victim)
+            await anyio.sleep(0.5)
+            # The workload kills the helper; the plain path does it here.
+            began = time.monotonic()
+            await executor.plain.run(ExecRequest(("sh", "-c", "pkill -9 -f '^/[.]corral-exec-'")))
+            with anyio.fail_after(10):
+                await raised.wait()
+            took = time.monotonic() - began
+        after = await session.exec(["echo", "back"])
+        left = await _survivors(session, "sleep 30")
+        assert executor.starts == 2
+    assert "exec channel broke" in str(failure[0])
+    assert took < 5
+    assert after.stdout == "back\n"
+    assert left == "", "the broken call's command was killed through the plain path"
+
+
+@pytest.mark.parametrize("broken", ["missing", "cannot-run", "cannot-copy"])
+async def test_a_helper_that_cannot_start_falls_back_to_plain_exec(
+    namespace: str,
+    broken: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    garbage = tmp_path / "corral-exec"
+    garbage.write_bytes(b"\x7fELF not a program for any machine" * 10)
+    if broken != "cannot-copy":
+        replacement = None if broken == "missing" else garbage
+
+        def binary(arch: str) -> Path | None:
+            return replacement
+
+        monkeypatch.setattr("corral.providers.k8s.channel.helper_binary", binary)
+    # A container that does not run as root cannot write the helper's root-owned copy.
+    overrides: dict[str, Any] = {"run_as_user": 1000} if broken == "cannot-copy" else {}
+    caplog.set_level(logging.INFO, logger="corral.k8s.channel")
+    async with make_env(namespace, **overrides).session(PLAN) as session:
+        results = [await session.exec(["sh", "-c", "echo ok; exit 3"]) for _ in range(3)]
+        counted = _Counted(monkeypatch)
+        await session.exec(["true"])
+        plain_execs = counted.calls
+        leftovers = await session.exec("ls -a / | grep -c corral-exec || true")
+        executor = _channel(session)
+    assert [(r.returncode, r.stdout) for r in results] == [(3, "ok\n")] * 3
+    assert plain_execs == 1, "a plain exec per command"
+    assert executor.channel is None and executor.unavailable
+    warnings = [
+        r.getMessage() for r in caplog.records if "exec channel unavailable" in r.getMessage()
+    ]
+    assert len(warnings) == 1, f"logged once: {warnings}"
+    expected = {"missing": "no helper binary", "cannot-run": "helper", "cannot-copy": "copying"}
+    assert expected[broken] in warnings[0], warnings[0]
+    assert leftovers.stdout.strip() == "0", "the copy that never ran was removed"
+
+
+async def test_nothing_is_left_after_close(namespace: str, cluster: Any) -> None:
+    env = make_env(namespace)
+    async with env.session(PLAN) as session:
+        await session.exec(["true"])
+        sid = session.id
+        pod = _channel(session).target.pod
+        assert any(t.name.endswith(f"-{sid}") for t in threading.enumerate())
+    deadline = time.monotonic() + 5
+    while any(t.name.endswith(f"-{sid}") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the channel's reader thread outlived its session"
+        await anyio.sleep(0.05)
+    pods: Any = cluster.core.list_namespaced_pod(namespace, field_selector=f"metadata.name={pod}")
+    assert all(p.metadata.deletion_timestamp is not None for p in pods.items)

@@ -1,0 +1,278 @@
+"""The exec channel's shared protocol (`corral.helper.channel`) against a fake helper, and
+the two transports' framing (Docker's engine stream headers, the k8s websocket)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+from anyio.lowlevel import current_token
+from websocket import ABNF
+
+from corral.core.session import ExecRequest
+from corral.errors import ProviderError
+from corral.helper.channel import (
+    MAX_FRAME,
+    Channel,
+    ChannelUnavailable,
+    FrameParser,
+    ProtocolError,
+    Refused,
+    frame,
+)
+from corral.providers.docker.channel import EngineStream
+from corral.providers.k8s.channel import WebSocketTransport
+
+pytestmark = pytest.mark.anyio
+
+Reply = Callable[[int, int, bytes], list[bytes]]
+
+
+def test_frames_survive_any_split() -> None:
+    data = frame("o", 7, b"hello") + frame("X", 7, b'{"code": 3}') + frame("H", 0)
+    for cut in range(len(data) + 1):
+        parser = FrameParser()
+        got = parser.feed(data[:cut]) + parser.feed(data[cut:])
+        assert got == [(ord("o"), 7, b"hello"), (ord("X"), 7, b'{"code": 3}'), (ord("H"), 0, b"")]
+
+
+@pytest.mark.parametrize("size", [0, 4, MAX_FRAME + 1])
+def test_a_frame_of_a_bad_size_is_nonsense(size: int) -> None:
+    with pytest.raises(ProtocolError):
+        FrameParser().feed(struct.pack(">IBI", size, ord("o"), 1))
+
+
+class FakeHelper:
+    """A `Transport` whose far side is `reply(kind, id, payload) -> frames`."""
+
+    def __init__(self, reply: Reply, hello: bytes = b'{"version": 1}') -> None:
+        self.reply = reply
+        self.out: queue.Queue[bytes] = queue.Queue()
+        self.out.put(frame("H", 0, hello))
+        self.parser = FrameParser()
+        self.sent: list[tuple[int, int, bytes]] = []
+        self.closed = threading.Event()
+
+    def recv(self) -> bytes:
+        return self.out.get()
+
+    def send(self, data: bytes) -> None:
+        if self.closed.is_set():
+            raise OSError("shut")
+        for kind, rid, payload in self.parser.feed(data):
+            self.sent.append((kind, rid, payload))
+            for reply in self.reply(kind, rid, payload):
+                self.out.put(reply)
+
+    def shutdown(self) -> None:
+        self.closed.set()
+        self.out.put(b"")
+
+    def close(self) -> None:
+        pass
+
+    def diagnostics(self) -> str:
+        return "fake stderr"
+
+    def die(self) -> None:
+        self.out.put(b"")
+
+
+async def _channel(helper: FakeHelper) -> Channel:
+    channel = Channel(helper, current_token(), "unit", 4, "sid")
+    channel.start_reader()
+    await channel.await_hello()
+    return channel
+
+
+async def _no_kill(marker: str, user: str | None) -> None:
+    raise AssertionError("the plain path was not needed")
+
+
+def _runner(kind: int, rid: int, payload: bytes) -> list[bytes]:
+    if kind == ord("R"):
+        spec = json.loads(payload)
+        if spec["argv"][0] == "refuse":
+            return [frame("F", rid, b"no such program")]
+        if spec["argv"][0] == "hang":
+            return []
+        code = {"code": len(spec["argv"])}
+        return [
+            frame("o", rid, b"out"),
+            frame("e", rid, b"err"),
+            frame("X", rid, json.dumps(code).encode()),
+        ]
+    if kind == ord("K"):
+        return [frame("X", rid, b'{"code": 137, "killed": true}')]
+    return []
+
+
+async def test_a_call_streams_and_exits_and_says_who_runs_it() -> None:
+    helper = FakeHelper(_runner)
+    channel = await _channel(helper)
+    seen: list[tuple[str, str]] = []
+    result = await channel.run(
+        ExecRequest(
+            ("a", "b"),
+            env={"K": "V"},
+            stdin=b"x" * 70000,
+            on_output=lambda s, t: seen.append((s, t)),
+        ),
+        user=None,
+        cwd="",
+        kill_fallback=_no_kill,
+    )
+    assert not isinstance(result, Refused)
+    assert (result.returncode, result.stdout, result.stderr) == (2, "out", "err")
+    assert seen == [("stdout", "out"), ("stderr", "err")]
+    spec = json.loads(helper.sent[0][2])
+    assert spec["as_self"] is True and spec["argv"] == ["a", "b"] and "K=V" in spec["env"]
+    kinds = [chr(k) for k, _, _ in helper.sent]
+    assert kinds == ["R", "I", "I", "C"], "stdin in chunks, then its end"
+    channel.close()
+    await channel.join(5)
+
+
+async def test_a_refusal_goes_to_plain_exec_and_a_user_is_passed_on() -> None:
+    helper = FakeHelper(_runner)
+    channel = await _channel(helper)
+    outcome = await channel.run(
+        ExecRequest(("refuse",)), user="1000", cwd="/", kill_fallback=_no_kill
+    )
+    assert outcome == Refused("no such program")
+    spec = json.loads(helper.sent[0][2])
+    assert spec["user"] == "1000" and spec["as_self"] is False
+    channel.close()
+    await channel.join(5)
+
+
+async def test_a_timeout_kills_through_the_helper() -> None:
+    helper = FakeHelper(_runner)
+    channel = await _channel(helper)
+    result = await channel.run(
+        ExecRequest(("hang",), timeout=0.2), user=None, cwd="", kill_fallback=_no_kill
+    )
+    assert not isinstance(result, Refused)
+    assert result.timed_out and result.returncode == 124
+    assert [chr(k) for k, _, _ in helper.sent] == ["R", "K"]
+    assert channel.dead is None, "a confirmed kill keeps the channel"
+    channel.close()
+    await channel.join(5)
+
+
+async def test_a_channel_that_breaks_mid_call_raises_and_kills_through_the_plain_path() -> None:
+    helper = FakeHelper(_runner)
+    channel = await _channel(helper)
+    killed: list[str] = []
+
+    async def fallback(marker: str, user: str | None) -> None:
+        killed.append(marker)
+
+    async def breaker() -> None:
+        await anyio.sleep(0.1)
+        helper.die()
+
+    failures: list[str] = []
+
+    async def victim() -> None:
+        try:
+            await channel.run(ExecRequest(("hang",)), user=None, cwd="", kill_fallback=fallback)
+        except ProviderError as exc:
+            failures.append(str(exc))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(breaker)
+        tg.start_soon(victim)
+    assert len(failures) == 1 and "exec channel broke" in failures[0]
+    assert "fake stderr" in failures[0], "the helper's own words are kept"
+    assert len(killed) == 1, "the tree was killed from outside"
+    assert channel.dead is not None
+    with pytest.raises(ProviderError, match="exec channel broke"):
+        await channel.run(ExecRequest(("a",)), user=None, cwd="", kill_fallback=fallback)
+    await channel.join(5)
+
+
+@pytest.mark.parametrize("hello", [b'{"version": 99}', b"garbage"])
+async def test_a_helper_of_another_kind_is_unavailable(hello: bytes) -> None:
+    helper = FakeHelper(_runner, hello=hello)
+    channel = Channel(helper, current_token(), "unit", 4, "sid")
+    channel.start_reader()
+    with pytest.raises(ChannelUnavailable):
+        await channel.await_hello()
+    channel.close()
+    await channel.join(5)
+
+
+def test_the_engine_stream_keeps_stdout_and_bounds_stderr() -> None:
+    def chunk(stream: int, data: bytes) -> bytes:
+        return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+
+    data = chunk(1, b"frames") + chunk(2, b"oops" * 1000) + chunk(1, b"more")
+    engine = EngineStream()
+    got = b"".join(engine.feed(data[i : i + 5]) for i in range(0, len(data), 5))
+    assert got == b"framesmore"
+    assert len(engine.diagnostics) == 2048
+    with pytest.raises(ProtocolError):
+        EngineStream().feed(chunk(7, b"x"))
+
+
+class _Sock:
+    """Enough of a socket for the websocket transport's parser."""
+
+    def setblocking(self, flag: bool) -> None:
+        pass
+
+    def fileno(self) -> int:
+        return self._r.fileno()
+
+    def __init__(self) -> None:
+        import socket
+
+        self._r, self._w = socket.socketpair()
+
+    def close(self) -> None:
+        self._r.close()
+        self._w.close()
+
+
+def _server_frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:
+    header = bytes([(0x80 if fin else 0) | opcode])
+    if len(payload) < 126:
+        return header + bytes([len(payload)]) + payload
+    if len(payload) < 65536:
+        return header + bytes([126]) + len(payload).to_bytes(2, "big") + payload
+    return header + bytes([127]) + len(payload).to_bytes(8, "big") + payload
+
+
+def test_the_websocket_transport_routes_channels_fragments_and_pings() -> None:
+    sock = _Sock()
+    ws: Any = type("WS", (), {"sock": type("Inner", (), {"sock": sock})()})()
+    transport = WebSocketTransport(ws)
+    big = b"y" * 70000
+    data = (
+        _server_frame(ABNF.OPCODE_BINARY, b"\x01hel", fin=False)
+        + _server_frame(ABNF.OPCODE_CONT, b"lo")
+        + _server_frame(ABNF.OPCODE_BINARY, b"\x02diag")
+        + _server_frame(ABNF.OPCODE_PING, b"p")
+        + _server_frame(ABNF.OPCODE_BINARY, b"\x01" + big)
+        + _server_frame(ABNF.OPCODE_BINARY, b"\x03{status}")
+        + _server_frame(ABNF.OPCODE_CLOSE, b"")
+    )
+    got = b"".join(transport._parse(data[i : i + 1000]) for i in range(0, len(data), 1000))  # pyright: ignore[reportPrivateUsage]
+    assert got == b"hello" + big
+    assert transport.diagnostics() == "diag; {status}"
+    assert transport._outgoing[:1] == bytes([0x80 | ABNF.OPCODE_PONG]), "a ping is answered"  # pyright: ignore[reportPrivateUsage]
+    assert transport.recv() == b"", "a close frame ends the stream"
+    transport.close()
+    with pytest.raises(OSError):
+        transport.send(b"late")
+    with pytest.raises(ProtocolError):
+        WebSocketTransport(
+            type("WS", (), {"sock": type("Inner", (), {"sock": _Sock()})()})()
+        )._parse(bytes([0x82, 127]) + (1 << 40).to_bytes(8, "big"))  # pyright: ignore[reportPrivateUsage]
