@@ -27,6 +27,7 @@
 package main
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -58,7 +59,12 @@ const (
 	upstreamTimeout = 3 * time.Second
 	tcpIdle         = 10 * time.Second
 	maxInflight     = 128
-	maxChain        = 16
+	// At most this many `ipset restore` run at once, whatever the sandbox sends: they
+	// share the holder's process budget (pids_limit) with corral's own commands there,
+	// which a query flood must never starve.
+	maxSetWriters = 4
+	setTimeout    = 5 * time.Second
+	maxChain      = 16
 )
 
 var setName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,31}$`)
@@ -426,7 +432,7 @@ func (r *resolver) answer(query []byte, overUDP bool) (out []byte) {
 				lines = append(lines, fmt.Sprintf("add %s %s timeout %d", set, a.ip.String(), ttl))
 			}
 		}
-		if err := r.addSets(lines); err != nil {
+		if err := r.writeSets(lines); err != nil {
 			fmt.Fprintf(os.Stderr, "corral-dns: adding %s's addresses failed: %v\n", q.name, err)
 			return reply(query, q, rcodeServFail, false)
 		}
@@ -437,8 +443,18 @@ func (r *resolver) answer(query []byte, overUDP bool) (out []byte) {
 	return answer
 }
 
+var setWriters = make(chan struct{}, maxSetWriters)
+
+func (r *resolver) writeSets(lines []string) error {
+	setWriters <- struct{}{}
+	defer func() { <-setWriters }()
+	return r.addSets(lines)
+}
+
 func ipsetAdd(lines []string) error {
-	cmd := exec.Command("ipset", "restore", "-exist")
+	ctx, cancel := context.WithTimeout(context.Background(), setTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ipset", "restore", "-exist")
 	cmd.Stdin = strings.NewReader(strings.Join(lines, "\n") + "\n")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("%v: %s", err, strings.TrimSpace(string(out)))

@@ -8,7 +8,9 @@ import (
 	"math/rand"
 	"net"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 func testConfig() *dnsConfig {
@@ -281,5 +283,41 @@ func TestExchangeAllKeepsWhatCameBeforeTheServerClosed(t *testing.T) {
 	}
 	if err := exchangeAll(client, []byte{0, 9, 1}, &out); err == nil {
 		t.Fatal("a truncated query was sent")
+	}
+}
+
+// A query flood from the sandbox must not fork `ipset restore` without bound: those
+// processes share the holder's pids_limit with corral's own commands (security round 3).
+func TestSetWritersAreBoundedUnderAFlood(t *testing.T) {
+	var mu sync.Mutex
+	running, peak := 0, 0
+	r := &resolver{cfg: testConfig(), addSets: func([]string) error {
+		mu.Lock()
+		running++
+		if running > peak {
+			peak = running
+		}
+		mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+		mu.Lock()
+		running--
+		mu.Unlock()
+		return nil
+	}, ask: func(_ *dnsConfig, q []byte) ([]byte, error) {
+		return makeAnswer(q, [][4]any{{"a.allowed.test", dnsTypeA, 30, []byte{192, 0, 2, 10}}}), nil
+	}}
+	var wg sync.WaitGroup
+	for i := 0; i < 200; i++ {
+		wg.Add(1)
+		go func(id uint16) {
+			defer wg.Done()
+			if r.answer(makeQuery(id, "a.allowed.test", dnsTypeA), true) == nil {
+				t.Errorf("query %d got no answer", id)
+			}
+		}(uint16(i))
+	}
+	wg.Wait()
+	if peak > 4 {
+		t.Fatalf("%d ipset writers ran at once; at most 4 may", peak)
 	}
 }
