@@ -38,7 +38,7 @@ class UnsafeArchiveMember(CorralError, ValueError):
 
 
 class TransferLimitExceeded(CorralError, ValueError):
-    """A directory transfer carried more than its limits allow; it was refused whole."""
+    """A transfer carried more than its limits allow; it was refused whole."""
 
 
 class NetworkPolicyUnsupported(CorralError, ValueError):

@@ -33,7 +33,14 @@ class FakeSession(EnvironmentSession):
     async def upload(self, local: str | Path, remote: str, *, service: str | None = None) -> None:
         raise NotImplementedError
 
-    async def download(self, remote: str, local: str | Path, *, service: str | None = None) -> None:
+    async def download(
+        self,
+        remote: str,
+        local: str | Path,
+        *,
+        service: str | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
         raise NotImplementedError
 
     async def upload_dir(

@@ -34,7 +34,12 @@ def test_a_provider_must_implement_the_hook() -> None:
     class NoHook(EnvironmentSession):
         async def upload(self, local: Any, remote: str, *, service: str | None = None) -> None: ...
         async def download(
-            self, remote: str, local: Any, *, service: str | None = None
+            self,
+            remote: str,
+            local: Any,
+            *,
+            service: str | None = None,
+            max_bytes: int | None = None,
         ) -> None: ...
         async def upload_dir(
             self, local_dir: Any, remote_dir: str, *, service: str | None = None

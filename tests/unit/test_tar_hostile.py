@@ -4,6 +4,7 @@ destination (on Kubernetes the archive is whatever the Pod's `tar` prints)."""
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corral.core.tarsafe import extract_file, extract_tar
-from corral.errors import UnsafeArchiveMember
+from corral.errors import TransferLimitExceeded, UnsafeArchiveMember
 from tests.hostile import (
     CHAIN,
     DIR,
@@ -100,7 +101,7 @@ def test_extract_file_replaces_a_symlink_at_the_destination(tmp_path: Path) -> N
     victim = tmp_path / "victim"
     victim.write_text("host file")
     (tmp_path / "out").symlink_to(victim)
-    extract_file([crafted_tar([("f", FILE, "", b"data")])], tmp_path / "out", "f")
+    extract_file([crafted_tar([("f", FILE, "", b"data")])], tmp_path / "out", "f", None)
     assert victim.read_text() == "host file"
     assert not (tmp_path / "out").is_symlink() and (tmp_path / "out").read_text() == "data"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "victim"]
@@ -109,8 +110,24 @@ def test_extract_file_replaces_a_symlink_at_the_destination(tmp_path: Path) -> N
 @pytest.mark.parametrize("kind", [SYMLINK, HARDLINK])
 def test_extract_file_refuses_a_link(tmp_path: Path, kind: bytes) -> None:
     with pytest.raises(UnsafeArchiveMember, match="not a regular file"):
-        extract_file([crafted_tar([("f", kind, "/etc/hostname", b"")])], tmp_path / "o", "f")
+        extract_file([crafted_tar([("f", kind, "/etc/hostname", b"")])], tmp_path / "o", "f", None)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_extract_file_refuses_a_file_over_the_limit_before_reading_it(tmp_path: Path) -> None:
+    """Security round 3: a sandbox's file of any size reached the harness whole."""
+    read: list[int] = []
+
+    def chunks() -> Iterator[bytes]:
+        data = crafted_tar([("big", FILE, "", b"x" * 500_000)])
+        for start in range(0, len(data), 512):
+            read.append(start)
+            yield data[start : start + 512]
+
+    with pytest.raises(TransferLimitExceeded, match=r"'big'.*500000 bytes.*limit of 4096"):
+        extract_file(chunks(), tmp_path / "o", "big", 4096)
+    assert list(tmp_path.iterdir()) == [], "nothing written"
+    assert len(read) * 512 <= 20_480, "no more than tarfile's first record was read"
 
 
 # The property: random chains of links (symbolic and hard, relative and absolute, with

@@ -57,6 +57,11 @@ OutputCallback = Callable[[Stream, str], object | Awaitable[object]]
 Command = str | Sequence[str]
 TIMEOUT_RETURNCODE = 124
 FALLBACK_TIMEOUT_S = 60.0
+#: bytes a `download` may bring back unless its call says otherwise (a sandbox can make a
+#: file of any size, a sparse one for free)
+DOWNLOAD_LIMIT_BYTES = 1 << 30
+#: bytes `read_text` may hold in the harness's memory unless its call says otherwise
+READ_TEXT_LIMIT_BYTES = 64 << 20
 
 
 class ExecResult(BaseModel):
@@ -308,8 +313,16 @@ class EnvironmentSession(abc.ABC):
 
     @abc.abstractmethod
     async def download(
-        self, remote: str, local: str | Path, *, service: str | None = None
-    ) -> None: ...
+        self,
+        remote: str,
+        local: str | Path,
+        *,
+        service: str | None = None,
+        max_bytes: int | None = DOWNLOAD_LIMIT_BYTES,
+    ) -> None:
+        """Copy the file `remote` to `local`. A file over `max_bytes` (None: no limit) is
+        refused with `TransferLimitExceeded`, its size measured on corral's side (the
+        engine, the transfer itself), never by the sandbox's own tools."""
 
     @abc.abstractmethod
     async def upload_dir(
@@ -327,10 +340,18 @@ class EnvironmentSession(abc.ABC):
             await anyio.Path(local).write_text(text, encoding="utf-8")
             await self.upload(local, path, service=service)
 
-    async def read_text(self, path: str, *, service: str | None = None) -> str:
+    async def read_text(
+        self,
+        path: str,
+        *,
+        service: str | None = None,
+        max_bytes: int | None = READ_TEXT_LIMIT_BYTES,
+    ) -> str:
+        """The file `path` as text (UTF-8, invalid bytes replaced); a file over `max_bytes`
+        is refused (`TransferLimitExceeded`) before the harness holds it."""
         with tempfile.TemporaryDirectory(prefix="corral-") as tmp:
             local = Path(tmp) / "file"
-            await self.download(path, local, service=service)
+            await self.download(path, local, service=service, max_bytes=max_bytes)
             data = await anyio.Path(local).read_bytes()
         return data.decode("utf-8", errors="replace")
 

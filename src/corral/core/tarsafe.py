@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, BinaryIO, cast
 
 from corral.core.treelimits import Tally
-from corral.errors import UnsafeArchiveMember
+from corral.errors import TransferLimitExceeded, UnsafeArchiveMember
 
 CHUNK = 1024 * 1024
 _BLOCK = tarfile.BLOCKSIZE
@@ -392,10 +392,13 @@ def replacing(dest: str | Path) -> Generator[BinaryIO]:
         raise
 
 
-def extract_file(chunks: Iterable[bytes], dest: str | Path, remote: str) -> None:
+def extract_file(
+    chunks: Iterable[bytes], dest: str | Path, remote: str, max_bytes: int | None
+) -> None:
     """Write the single regular file of a tar stream to `dest` (Docker's get_archive).
 
     A link (symbolic or hard) is refused, not followed; `dest` is replaced (`replacing`).
+    A file over `max_bytes` is refused before any of it is read (`file_limit`).
     """
     reader = cast(IO[bytes], _ChunkReader(chunks))
     with tarfile.open(fileobj=reader, mode="r|") as archive:
@@ -404,7 +407,27 @@ def extract_file(chunks: Iterable[bytes], dest: str | Path, remote: str) -> None
             raise IsADirectoryError(f"sandbox path {remote!r} is a directory")
         if not member.isfile():
             raise UnsafeArchiveMember(f"sandbox path {remote!r} is not a regular file")
+        file_limit(remote, member.size, max_bytes)
         source = archive.extractfile(member)
         assert source is not None, "a regular member always has a file object"
         with replacing(dest) as out:
             shutil.copyfileobj(source, out, CHUNK)
+
+
+def copy_at_most(source: BinaryIO, out: BinaryIO, size: int) -> None:
+    """Copy `size` bytes at most (what grows past a measured size is not copied)."""
+    while size > 0:
+        chunk = source.read(min(CHUNK, size))
+        if not chunk:
+            return
+        out.write(chunk)
+        size -= len(chunk)
+
+
+def file_limit(remote: str, size: int, max_bytes: int | None) -> None:
+    """Refuse a file of `size` bytes (as corral's side measured it) over `max_bytes`."""
+    if max_bytes is not None and size > max_bytes:
+        raise TransferLimitExceeded(
+            f"sandbox path {remote!r} holds {size} bytes, over the limit of {max_bytes} "
+            "(max_bytes); nothing was written"
+        )

@@ -59,12 +59,16 @@ def owner(engine: Any) -> Iterator[str]:
     selector = {"label": f"{OWNER}={value}"}
     containers = engine.containers.list(all=True, filters=selector)
     networks = engine.networks.list(filters=selector)
+    volumes = engine.volumes.list(filters=selector)
     for leftover in containers:
         leftover.remove(force=True)
     for leftover in networks:
         leftover.remove()
-    assert not containers and not networks, (
-        f"leaked: {[c.name for c in containers]} {[n.name for n in networks]}"
+    for leftover in volumes:
+        leftover.remove(force=True)
+    assert not containers and not networks and not volumes, (
+        f"leaked: {[c.name for c in containers]} {[n.name for n in networks]} "
+        f"{[v.name for v in volumes]}"
     )
 
 
@@ -79,8 +83,12 @@ def networks(engine: Any, owner: str) -> list[str]:
     return [n.name for n in engine.networks.list(filters={"label": f"{OWNER}={owner}"})]
 
 
+def volumes(engine: Any, owner: str) -> list[str]:
+    return [v.name for v in engine.volumes.list(filters={"label": f"{OWNER}={owner}"})]
+
+
 def leftovers(engine: Any, owner: str) -> list[str]:
-    return [*containers(engine, owner), *networks(engine, owner)]
+    return [*containers(engine, owner), *networks(engine, owner), *volumes(engine, owner)]
 
 
 def env_config(owner: str, **overrides: Any) -> dict[str, Any]:

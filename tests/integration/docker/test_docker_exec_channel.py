@@ -85,7 +85,7 @@ async def test_a_helper_that_cannot_start_falls_back_to_plain_exec(
     def binary(arch: str) -> Path | None:
         return replacement
 
-    monkeypatch.setattr("corral.providers.docker.channel.helper_binary", binary)
+    monkeypatch.setattr("corral.providers.docker.programs.helper_binary", binary)
     caplog.set_level(logging.INFO, logger="corral.docker.channel")
     with EngineFaultProxy() as proxy:
         env = make_env(owner, base_url=proxy.base_url)
@@ -104,7 +104,7 @@ async def test_a_helper_that_cannot_start_falls_back_to_plain_exec(
     ]
     assert len(warnings) == 1, f"logged once: {warnings}"
     assert ("no helper binary" if broken == "missing" else "helper") in warnings[0]
-    assert leftovers.stdout.strip() == "0", "the copy that never ran was removed"
+    assert leftovers.stdout.strip() == "0", "no copy in the sandbox's own filesystem"
 
 
 async def test_cancelling_an_exec_kills_its_tree_and_the_channel_stays(owner: str) -> None:
@@ -260,7 +260,7 @@ async def test_a_channel_broken_mid_call_raises_and_the_next_call_restarts(owner
             # The workload (root) kills the helper; the plain path does it here.
             began = time.monotonic()
             await executor.plain.run(
-                ExecRequest(("sh", "-c", "pkill -9 -f '^/[.]corral-exec-'"), user="0")
+                ExecRequest(("sh", "-c", "pkill -9 -f '^/[.]corral/corral-exec'"), user="0")
             )
             with anyio.fail_after(10):
                 await raised.wait()

@@ -1,8 +1,8 @@
 """The exec channel on Docker: the helper reached over one hijacked engine exec stream.
 
 The protocol, the bookkeeping of each call and the fallbacks are `corral.helper.channel`'s;
-this module is the transport and the start. corral copies its helper into the sandbox at
-a fresh random path owned by root (`put_archive`), starts it as root with one
+this module is the transport and the start. corral starts its helper from the session's
+read-only programs volume (`programs.HELPER`, filled through the holder) as root with one
 `exec_create(stdin=True)` + `exec_start(socket=True)`, and reads the helper's frames out
 of the engine's multiplexed stream (8-byte headers: stdout carries the frames, stderr the
 helper's own diagnostics).
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
 import socket
 import threading
 from typing import Any
@@ -26,9 +25,9 @@ from docker.errors import APIError
 
 from corral.core.session import ExecRequest
 from corral.errors import ProviderError
-from corral.helper import helper_archive, helper_binary
 from corral.helper.channel import DIAGNOSTICS, Channel, ChannelUnavailable, ProtocolError
 from corral.helper.channel import ChannelExecutor as _ChannelExecutor
+from corral.providers.docker import programs
 from corral.providers.docker.engine import Engine, call
 from corral.providers.docker.execution import kill_tree
 from corral.providers.docker.executor import PlainExecutor
@@ -125,8 +124,7 @@ class ChannelExecutor(_ChannelExecutor):
         try:
             version: dict[str, Any] = await call(self.tokens, self.api.version)
             arch = str(version.get("Arch", ""))
-            binary = helper_binary(arch)
-            if binary is None:
+            if programs.helper(arch) is None:
                 raise ChannelUnavailable(
                     f"this corral has no helper binary for linux/{arch or '?'} "
                     "(build it with helper/build.sh)"
@@ -139,14 +137,13 @@ class ChannelExecutor(_ChannelExecutor):
             home = any(entry.startswith("HOME=") for entry in env)
             self._default_user = str(config.get("User") or "")
             self._default_cwd = str(config.get("WorkingDir") or "/")
-            path = f"/.corral-exec-{secrets.token_hex(8)}"
-            archive = await anyio.to_thread.run_sync(helper_archive, binary, path[1:])
-            await call(self.tokens, self.api.put_archive, self.container, "/", archive)
+            # The read-only copy the session's holder filled: nothing in the sandbox can
+            # write or replace it (corral.providers.docker.programs).
             created: dict[str, Any] = await call(
                 self.tokens,
                 self.api.exec_create,
                 self.container,
-                [path, path, "1" if home else "0"],
+                [programs.HELPER, programs.HELPER, "1" if home else "0"],
                 stdin=True,
                 stdout=True,
                 stderr=True,
@@ -164,11 +161,6 @@ class ChannelExecutor(_ChannelExecutor):
                 raise ChannelUnavailable("the helper lacks CAP_SETUID/CAP_SETGID")
         except BaseException as exc:
             channel.close()
-            # Best effort: a helper that never ran never removed its copy. Not after a
-            # cancellation, which must return at once (the copy goes with the sandbox).
-            if isinstance(exc, Exception):
-                with anyio.move_on_after(10), contextlib.suppress(ProviderError):
-                    await self.plain.run(ExecRequest(("rm", "-f", path), user="0", timeout=5))
             if isinstance(exc, ChannelUnavailable) and channel.dead not in (None, "closed"):
                 raise ChannelUnavailable(f"{exc}: {channel.dead}") from None
             raise

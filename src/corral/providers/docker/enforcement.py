@@ -37,6 +37,7 @@ from corral.network.wildcard import (
     refuse_all_config,
     uses_resolver,
 )
+from corral.providers.docker import programs
 from corral.providers.docker.engine import Engine, call
 from corral.providers.docker.execution import run_exec
 
@@ -160,8 +161,6 @@ trap '$t -w 5 -D "$@" >&2' EXIT
 """
 _SAVED = "iptables-save -t filter && echo '#corral-ipv6' && ip6tables-save -t filter"
 _REJECTS = r"""$1 -w 5 -nvxL "$2" | awk '$3 == "REJECT" {n += $1} END {print n+0}'"""
-#: corral's own static busybox, from its holder image, for the probe from the sandbox.
-_BUSYBOX = "/bin/busybox"
 
 
 async def _as_root(
@@ -463,34 +462,6 @@ async def _rejects(api: Engine, tokens: int, holder: str, version: int) -> int:
     return int(result.stdout.strip() or 0)
 
 
-def _copy_busybox(api: Engine, holder: str, sandbox: str, name: str) -> None:
-    """The holder's busybox into the sandbox's root as `name` (blocking)."""
-    try:
-        stream, _ = api.get_archive(holder, _BUSYBOX)
-        raw = b"".join(stream)
-    except APIError as exc:
-        raise ProviderError(f"reading {_BUSYBOX} from corral's image failed: {exc}") from None
-    with tarfile.open(fileobj=io.BytesIO(raw)) as source:
-        member = source.next()
-        body = source.extractfile(member) if member is not None else None
-        if body is None:
-            raise ProviderError(f"corral's image has no {_BUSYBOX}")
-        data = body.read()
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as archive:
-        folder = tarfile.TarInfo(name)
-        folder.type, folder.mode = tarfile.DIRTYPE, 0o700
-        archive.addfile(folder)
-        # Named busybox: it picks its applet from argv[0] unless called by that name.
-        info = tarfile.TarInfo(f"{name}/busybox")
-        info.size, info.mode = len(data), 0o700
-        archive.addfile(info, io.BytesIO(data))
-    try:
-        api.put_archive(sandbox, "/", out.getvalue())
-    except APIError as exc:
-        raise ProviderError(f"putting corral's probe into the sandbox failed: {exc}") from None
-
-
 async def probe_from_sandbox(
     api: Engine,
     tokens: int,
@@ -509,19 +480,13 @@ async def probe_from_sandbox(
     raise without going through corral's rules; a probe that could not run fails closed.
     """
     host, port = probe
-    folder = f"/.corral-probe-{secrets.token_hex(4)}"
-    busybox = f"{folder}/busybox"
     before = await _rejects(api, tokens, holder, host.version)
     if events is not None:
         events.expect_own(host, port)
-    try:
-        await call(tokens, _copy_busybox, api, holder, sandbox, folder.lstrip("/"))
-        dial = await _as_root(
-            api, tokens, sandbox, [busybox, "nc", "-w", "2", str(host), str(port)]
-        )
-    finally:
-        with contextlib.suppress(ProviderError):
-            await _as_root(api, tokens, sandbox, [busybox, "rm", "-rf", folder])
+    # corral's busybox from the read-only programs volume, not anything of the image's.
+    dial = await _as_root(
+        api, tokens, sandbox, [programs.BUSYBOX, "nc", "-w", "2", str(host), str(port)]
+    )
     after = await _rejects(api, tokens, holder, host.version)
     if dial.returncode == 0:
         raise NetworkPolicyNotEnforced(

@@ -60,7 +60,7 @@ from corral.network.probe import DISCARD_PORT
 from corral.network.resolve import Resolution
 from corral.network.targets import EntryType, IPAddress
 from corral.network.wildcard import uses_resolver
-from corral.providers.docker import snapshots
+from corral.providers.docker import programs, snapshots
 from corral.providers.docker.config import DockerConfig
 from corral.providers.docker.enforcement import (
     Upstream,
@@ -78,6 +78,7 @@ from corral.providers.docker.resources import (
     NameTaken,
     SubnetTaken,
     create_network,
+    create_volume,
     discard_container,
     holder_name,
     live_pair,
@@ -85,9 +86,11 @@ from corral.providers.docker.resources import (
     pick_subnet,
     pick_subnet6,
     pooled_holder_name,
+    programs_volume,
     release_subnet,
     remove_container,
     remove_network,
+    remove_volume,
     sandbox_name,
 )
 from corral.providers.docker.services import (
@@ -103,6 +106,10 @@ from corral.providers.docker.session import DockerSession
 
 log = logging.getLogger("corral.docker")
 
+#: The holder's process budget: corral's own commands there (switches, probes, lookups)
+#: share it only with the resolver, whose forks are bounded (helper/dns.go, maxSetWriters)
+#: far below it, so no query flood from the sandbox can spend it.
+HOLDER_PIDS = 128
 #: looks, 0.2 s apart, for a second network of the session's name to go
 UNIQUE_TRIES = 50
 #: Network creates under way in this process, by name: the engine checks a new network's
@@ -112,11 +119,8 @@ _creating: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDicti
 
 
 def sleep_until(expires_at: str) -> list[str]:
-    """A main process that ends at `expires_at` (epoch seconds).
-
-    The wait is counted again at every start of the container, so a restart
-    (`end_workload`) keeps the deadline; started past it, it exits at once.
-    """
+    """The holder's main process (its image is corral's): it ends at `expires_at` (epoch
+    seconds), counted again at every start. The sandbox's is `programs.main_process`."""
     return ["sh", "-c", 'exec sleep "$(( $1 - $(date +%s) ))"', "corral-lifetime", expires_at]
 
 
@@ -141,6 +145,7 @@ class DockerEnvironment(BaseEnvironment):
         self._client: Engine | None = None
         self._pool: WarmPool | None = None
         self._verified_runtimes: set[str] = set()
+        self._engine_arch: str | None = None
 
     @classmethod
     def engine_answers(cls) -> bool:
@@ -167,6 +172,13 @@ class DockerEnvironment(BaseEnvironment):
                 ) from None
             self._client = client
         return self._client
+
+    async def _arch(self, client: Engine) -> str:
+        """The engine's architecture (`docker version`), asked once."""
+        if self._engine_arch is None:
+            version: dict[str, Any] = await idempotent(self.config.max_workers, client.api.version)
+            self._engine_arch = str(version.get("Arch", ""))
+        return self._engine_arch
 
     async def _ensure_image(self, client: Engine, image: str) -> None:
         tokens = self.config.max_workers
@@ -300,7 +312,11 @@ class DockerEnvironment(BaseEnvironment):
         for spec in plan.services.values():
             await self._ensure_image(client, spec.image)
         network = await self._make_network(client, owned, sid, labels)
-        holder = await self._start_holder(client, owned, sid, network, labels, holder_names)
+        volume = programs_volume(sid)
+        owned.push_async_callback(remove_volume, client, cfg.max_workers, volume, sid)
+        await create_volume(client, cfg.max_workers, volume, labels)
+        holder = await self._start_holder(client, owned, sid, network, volume, labels, holder_names)
+        await programs.fill(client, cfg.max_workers, holder, await self._arch(client))
         # Before any rule logs: every refusal from the baseline's on is read.
         feed = await self._start_events(client, owned, sid, holder["Id"])
         dns = await dns_servers(client.api, cfg.max_workers, holder["Id"])
@@ -367,10 +383,12 @@ class DockerEnvironment(BaseEnvironment):
         owned: AsyncExitStack,
         sid: str,
         network: str,
+        volume: str,
         labels: dict[str, str],
         names: list[str],
     ) -> dict[str, Any]:
-        """The holder on `network` (an id: its name may be repeated), started; inspected."""
+        """The holder on `network` (an id: its name may be repeated), with the programs
+        `volume` writable, started; inspected."""
         cfg = self.config
         tokens = cfg.max_workers
         undo = _withdrawable(owned)
@@ -387,7 +405,8 @@ class DockerEnvironment(BaseEnvironment):
             auto_remove=True,
             extra_hosts=cfg.extra_hosts or None,
             port_bindings={p: ("127.0.0.1", None) for p in cfg.published_ports} or None,
-            pids_limit=64,
+            binds=[programs.bind(volume, writable=True)],
+            pids_limit=HOLDER_PIDS,
         )
         try:
             await call(
@@ -508,7 +527,11 @@ class DockerEnvironment(BaseEnvironment):
             init=True,
             auto_remove=True,
             pids_limit=cfg.pids_limit,
-            binds=[*cfg.mounts, *cfg.unsafe_mounts] or None,
+            binds=[
+                programs.bind(programs_volume(sid), writable=False),
+                *cfg.mounts,
+                *cfg.unsafe_mounts,
+            ],
             runtime=cfg.runtime,
             **resource_limits(plan.resources, cfg),
         )
@@ -518,7 +541,7 @@ class DockerEnvironment(BaseEnvironment):
                 client.api.create_container,
                 image,
                 plan.command,
-                entrypoint=None if plan.command else sleep_until(labels[EXPIRES_AT]),
+                entrypoint=None if plan.command else programs.main_process(labels[EXPIRES_AT]),
                 name=sandbox,
                 labels={**labels, ROLE: "sandbox"},
                 environment=plain_env(plan.env),
@@ -541,7 +564,7 @@ class DockerEnvironment(BaseEnvironment):
             sandbox,
             labels,
             f"sandbox from image {image!r}",
-            "or a plan.command that keeps running",
+            "(a plan.command must keep running)" if plan.command else "",
         )
 
     async def _start_services(
@@ -661,6 +684,9 @@ class DockerEnvironment(BaseEnvironment):
             raise
         owned = AsyncExitStack()
         owned.push_async_callback(remove_network, client, tokens, session.network, session_id)
+        owned.push_async_callback(
+            remove_volume, client, tokens, programs_volume(session_id), session_id
+        )
         owned.push_async_callback(remove_container, client, tokens, holder["Id"], session_id)
         owned.push_async_callback(remove_container, client, tokens, sandbox["Id"], session_id)
         for info in services.values():
@@ -677,7 +703,7 @@ class DockerEnvironment(BaseEnvironment):
 
     async def gc(self) -> list[str]:
         """Remove idle pooled sandboxes past their idle age, then expired snapshot images,
-        containers and networks, all carrying this owner's labels."""
+        containers, networks and volumes, all carrying this owner's labels."""
         client = await self.client()
         tokens = self.config.max_workers
         owner = self.config.owner
@@ -699,6 +725,15 @@ class DockerEnvironment(BaseEnvironment):
                 with contextlib.suppress(NotFound):
                     await idempotent(tokens, client.api.remove_network, item["Id"])
                     removed.append(f"network {item['Name']}")
+        answer: dict[str, Any] = await idempotent(
+            tokens, client.api.volumes, filters={"label": f"{OWNER}={owner}"}
+        )
+        volumes: list[dict[str, Any]] = answer.get("Volumes") or []
+        for item in volumes:
+            if is_expired(item.get("Labels") or {}, owner, now):
+                with contextlib.suppress(NotFound):
+                    await idempotent(tokens, client.api.remove_volume, item["Name"], force=True)
+                    removed.append(f"volume {item['Name']}")
         return removed
 
 
@@ -755,6 +790,5 @@ async def _running(
     if int(labels[EXPIRES_AT]) <= time.time():
         raise ProviderError(f"the sandbox's lifetime ended while it opened ({what})")
     raise ProviderError(
-        f"{what} exited at once (code {state.get('ExitCode', 'unknown')}); it needs `sh`, "
-        f"`date` and `sleep` {otherwise}".strip()
+        f"{what} exited at once (code {state.get('ExitCode', 'unknown')}) {otherwise}".strip()
     )

@@ -44,8 +44,10 @@ from corral.providers.docker.resources import (
     holder_name,
     network_name,
     pooled_holder_name,
+    programs_volume,
     remove_container,
     remove_network,
+    remove_volume,
     sandbox_name,
 )
 from corral.providers.docker.services import remove_services
@@ -289,5 +291,6 @@ async def collect_idle(client: Engine, tokens: int, owner: str, now: float) -> l
         await remove_container(client, tokens, sandbox_name(sid), sid)
         await remove_services(client, tokens, labels)
         await remove_network(client, tokens, network_name(sid), sid)
+        await remove_volume(client, tokens, programs_volume(sid), sid)
         removed.append(f"idle pooled sandbox {sid}")
     return removed

@@ -42,6 +42,11 @@ def sandbox_name(session_id: str) -> str:
     return f"corral-{session_id}-sandbox"
 
 
+def programs_volume(session_id: str) -> str:
+    """The volume of corral's programs for the sandbox (see `corral.providers.docker.programs`)."""
+    return f"corral-{session_id}-programs"
+
+
 async def live_pair(
     client: Engine, tokens: int, owner: str, session_id: str
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -112,6 +117,25 @@ async def remove_network(client: Engine, tokens: int, name: str, session_id: str
         raise ProviderError(f"network {name!r} is not session {session_id}'s; left alone")
     with contextlib.suppress(NotFound):
         await idempotent(tokens, client.api.remove_network, info["Id"])
+
+
+async def create_volume(client: Engine, tokens: int, name: str, labels: dict[str, str]) -> None:
+    try:
+        await call(tokens, client.api.create_volume, name, labels=labels)
+    except APIError as exc:
+        raise ProviderError(f"creating volume {name!r} failed: {exc.explanation}") from None
+
+
+async def remove_volume(client: Engine, tokens: int, name: str, session_id: str) -> None:
+    """Remove the session's volume `name`, once no container of the session holds it."""
+    try:
+        info: dict[str, Any] = await idempotent(tokens, client.api.inspect_volume, name)
+    except NotFound:
+        return
+    if not _owned_by(info.get("Labels"), session_id):
+        raise ProviderError(f"volume {name!r} is not session {session_id}'s; left alone")
+    with contextlib.suppress(NotFound):
+        await idempotent(tokens, client.api.remove_volume, name, force=True)
 
 
 def release_subnet(subnet: ipaddress.IPv4Network) -> None:

@@ -18,7 +18,7 @@ from docker.errors import APIError, NotFound
 
 from corral.core.labels import OWNER
 from corral.core.logs import event
-from corral.core.session import EnvironmentSession, ExecRequest, ExecResult
+from corral.core.session import DOWNLOAD_LIMIT_BYTES, EnvironmentSession, ExecRequest, ExecResult
 from corral.core.snapshot import SnapshotRef
 from corral.core.tarsafe import extract_file, extract_tar, pack_dir, pack_file, validate_dir
 from corral.errors import (
@@ -34,7 +34,7 @@ from corral.network.probe import DISCARD_PORT, forbidden_probe
 from corral.network.resolve import Resolution, needs_dns
 from corral.network.targets import EntryType, IPAddress
 from corral.network.wildcard import uses_resolver
-from corral.providers.docker import snapshots
+from corral.providers.docker import programs, snapshots
 from corral.providers.docker.channel import ChannelExecutor
 from corral.providers.docker.enforcement import (
     Upstream,
@@ -55,6 +55,8 @@ log = logging.getLogger("corral.docker")
 #: restart has started the new init, which then dies and the container is lost (seen on
 #: Engine 20.10 as "container is marked for removal" at the next restart).
 RESTART_GRACE_S = 1
+#: the engine's init (`init=True`), bind-mounted read-only from the engine's host
+ENGINE_INIT = "/sbin/docker-init"
 
 
 @dataclass(frozen=True)
@@ -223,11 +225,19 @@ class DockerSession(EnvironmentSession):
         parent, name = posixpath.split(self._absolute(remote, where))
         await self._put(where, await self._upload_root(where, parent), pack_file(local, name))
 
-    async def download(self, remote: str, local: str | Path, *, service: str | None = None) -> None:
+    async def download(
+        self,
+        remote: str,
+        local: str | Path,
+        *,
+        service: str | None = None,
+        max_bytes: int | None = DOWNLOAD_LIMIT_BYTES,
+    ) -> None:
         where = self._container(service)
         stream = await self._get(where, self._absolute(remote, where))
         try:
-            await call(self.tokens, extract_file, stream, local, remote)
+            # The size is the engine's tar header: the engine stats the file itself.
+            await call(self.tokens, extract_file, stream, local, remote, max_bytes)
         finally:
             # The engine holds the container's lock until the archive is read or closed:
             # left open (a refused or failed extraction), every later call hangs.
@@ -278,29 +288,43 @@ class DockerSession(EnvironmentSession):
         api = self.client.api
         self.executor.reset()  # the exec channel's helper dies with the workload
         try:
-            before = await self._host_pids()
+            before = set(await self._host_processes())
             old: dict[str, Any] = await call(self.tokens, api.inspect_container, self.sandbox)
             await call(self.tokens, api.restart, self.sandbox, timeout=RESTART_GRACE_S)
             new: dict[str, Any] = await call(self.tokens, api.inspect_container, self.sandbox)
-            after = await self._host_pids()
+            running = await self._host_processes()
         except APIError as exc:
             raise WorkloadNotStopped(
                 f"sandbox {self.id}: restarting its container failed: {exc.explanation}"
             ) from None
         state = new["State"]
-        survivors = before & after
+        survivors = before & set(running)
         if not state.get("Running") or state.get("Pid") == old["State"].get("Pid") or survivors:
             raise WorkloadNotStopped(
                 f"sandbox {self.id}: processes {sorted(survivors)} outlived the restart"
                 if survivors
                 else f"sandbox {self.id}: the container did not come back after the restart"
             )
+        # What runs now is what corral started: the engine's init and corral's idle main
+        # process from the read-only programs volume (a plan.command is the workload's).
+        if new.get("Path") == programs.BUSYBOX:
+            foreign = {
+                pid: command
+                for pid, command in running.items()
+                if command.split(" ", 1)[0] not in (ENGINE_INIT, programs.BUSYBOX)
+            }
+            if foreign:
+                raise WorkloadNotStopped(
+                    f"sandbox {self.id}: after the restart, processes corral did not start "
+                    f"run: {sorted(foreign.values())}"
+                )
 
-    async def _host_pids(self) -> set[str]:
+    async def _host_processes(self) -> dict[str, str]:
+        """The sandbox's processes by host pid, with their command lines (engine's view)."""
         top: dict[str, Any] = await call(self.tokens, self.client.api.top, self.sandbox)
-        column = top["Titles"].index("PID")
+        pid, command = top["Titles"].index("PID"), top["Titles"].index("CMD")
         rows: list[list[str]] = top.get("Processes") or []
-        return {row[column] for row in rows}
+        return {row[pid]: row[command] for row in rows}
 
     def network_events(self) -> NetworkEvents:
         if self.feed.unavailable is not None:

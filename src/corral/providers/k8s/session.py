@@ -17,10 +17,18 @@ from pathlib import Path
 import anyio
 
 from corral.core.output import BoundedOutput
-from corral.core.session import EnvironmentSession, ExecRequest, ExecResult
+from corral.core.session import DOWNLOAD_LIMIT_BYTES, EnvironmentSession, ExecRequest, ExecResult
 from corral.core.snapshot import SnapshotRef
 from corral.core.snapshot_store import SnapshotRecord, SnapshotShelf
-from corral.core.tarsafe import CHUNK, extract_tar, pack_dir, pack_file, replacing, validate_dir
+from corral.core.tarsafe import (
+    CHUNK,
+    extract_tar,
+    file_limit,
+    pack_dir,
+    pack_file,
+    replacing,
+    validate_dir,
+)
 from corral.core.treelimits import TreeLimits, bounded
 from corral.errors import (
     ConfigError,
@@ -237,11 +245,20 @@ class KubernetesSession(EnvironmentSession):
         root = self._absolute(remote_dir, place.workdir)
         await self._stream_in(place.target, root, pack_dir(local_dir), root=True)
 
-    async def download(self, remote: str, local: str | Path, *, service: str | None = None) -> None:
+    async def download(
+        self,
+        remote: str,
+        local: str | Path,
+        *,
+        service: str | None = None,
+        max_bytes: int | None = DOWNLOAD_LIMIT_BYTES,
+    ) -> None:
         """Read the file in ranges, each checked against the size the Pod reported.
 
         Released kubernetes clients can drop the tail of a large exec stream; a short
-        range is read again rather than written short.
+        range is read again rather than written short. The Pod's size only says how many
+        bytes corral reads, never more than `max_bytes`: a Pod that claims less than it
+        holds gets its file cut short, never a transfer past the limit.
         """
         place = self._place(service)
         source = self._absolute(remote, place.workdir)
@@ -253,6 +270,7 @@ class KubernetesSession(EnvironmentSession):
         if sized.returncode != 0:
             raise ProviderError(f"reading {remote!r} failed: {sized.stderr.strip()}")
         size = int(sized.stdout.strip())
+        file_limit(remote, size, max_bytes)
 
         def read_range(index: int) -> bytes:
             want = min(RANGE_MIB << 20, size - (index * RANGE_MIB << 20))

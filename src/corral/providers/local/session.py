@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import anyio
 
 from corral.core.paths import resolve_within
-from corral.core.session import EnvironmentSession, ExecRequest, ExecResult
+from corral.core.session import (
+    DOWNLOAD_LIMIT_BYTES,
+    READ_TEXT_LIMIT_BYTES,
+    EnvironmentSession,
+    ExecRequest,
+    ExecResult,
+)
 from corral.core.snapshot import SnapshotRef
 from corral.core.snapshot_store import SnapshotRecord, SnapshotShelf
-from corral.core.tarsafe import extract_tar, pack_dir
+from corral.core.tarsafe import copy_at_most, extract_tar, file_limit, pack_dir
 from corral.errors import ConfigError, FeatureUnsupported, RemotePathNotFound
 from corral.network.policy import NetworkMode, NetworkPolicy
 from corral.providers.local.cgroup import SessionCgroup
@@ -108,15 +115,28 @@ class LocalSession(EnvironmentSession):
 
         await anyio.to_thread.run_sync(copy)
 
-    async def download(self, remote: str, local: str | Path, *, service: str | None = None) -> None:
+    async def download(
+        self,
+        remote: str,
+        local: str | Path,
+        *,
+        service: str | None = None,
+        max_bytes: int | None = DOWNLOAD_LIMIT_BYTES,
+    ) -> None:
         self.service_name(service)
         source = self._existing(remote)
         if source.is_dir():
             raise IsADirectoryError(f"sandbox path {remote!r} is a directory")
 
         def copy() -> None:
-            Path(local).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, local)
+            with source.open("rb") as src:
+                # Measured on the descriptor that is read, and the copy held to it: the
+                # file may grow while it is copied.
+                size = os.fstat(src.fileno()).st_size
+                file_limit(remote, size, max_bytes)
+                Path(local).parent.mkdir(parents=True, exist_ok=True)
+                with Path(local).open("wb") as out:
+                    copy_at_most(src, out, size)
 
         await anyio.to_thread.run_sync(copy)
 
@@ -126,12 +146,25 @@ class LocalSession(EnvironmentSession):
         await anyio.Path(target.parent).mkdir(parents=True, exist_ok=True)
         await anyio.Path(target).write_text(text, encoding="utf-8")
 
-    async def read_text(self, path: str, *, service: str | None = None) -> str:
+    async def read_text(
+        self,
+        path: str,
+        *,
+        service: str | None = None,
+        max_bytes: int | None = READ_TEXT_LIMIT_BYTES,
+    ) -> str:
         self.service_name(service)
         source = self._existing(path)
         if source.is_dir():
             raise IsADirectoryError(f"sandbox path {path!r} is a directory")
-        data = await anyio.Path(source).read_bytes()
+
+        def read() -> bytes:
+            with source.open("rb") as src:
+                size = os.fstat(src.fileno()).st_size
+                file_limit(path, size, max_bytes)
+                return src.read(size)
+
+        data = await anyio.to_thread.run_sync(read)
         return data.decode("utf-8", errors="replace")
 
     async def upload_dir(
