@@ -2,7 +2,8 @@
 
 Writes go through `exec` (stdin into `cat`), so they are subject to that user's
 permissions and the file belongs to that user. Reads check the path as that user first
-(existence, directory, readability, size), then move the bytes with `download`. Like
+(existence, directory, readability), then move the bytes with `download`, whose size
+limit corral's side enforces: nothing the sandbox's own `stat` says decides it. Like
 Inspect's own Docker sandbox, a file whose owner has no read bit is refused even to root.
 """
 
@@ -17,6 +18,7 @@ import anyio
 from inspect_ai.util import OutputLimitExceededError, SandboxEnvironmentLimits
 
 from corral.core.session import EnvironmentSession
+from corral.errors import TransferLimitExceeded
 
 #: Launched by absolute path with a pinned PATH: these commands are ours, not the agent's,
 #: so nothing a sandbox user put on the image's PATH may stand in for them.
@@ -28,7 +30,7 @@ CHECK_TIMEOUT_S = 60
 _WRITE = SYSTEM_PATH + '; mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
 _CHECK = (
     SYSTEM_PATH + '; if [ -d "$1" ]; then echo directory; elif [ ! -e "$1" ]; then echo missing; '
-    'elif [ ! -r "$1" ]; then echo denied; else stat -L -c "file %s %a" -- "$1"; fi'
+    'elif [ ! -r "$1" ]; then echo denied; else stat -L -c "file %a" -- "$1"; fi'
 )
 
 
@@ -52,18 +54,24 @@ async def write_file(
 
 
 async def read_file(session: EnvironmentSession, file: str, *, service: str | None = None) -> bytes:
-    size = await _readable_size(session, file, service)
-    if size > SandboxEnvironmentLimits.MAX_READ_FILE_SIZE:
-        raise OutputLimitExceededError(
-            SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, truncated_output=None
-        )
+    await _check_readable(session, file, service)
     with tempfile.TemporaryDirectory(prefix="corral-inspect-") as tmp:
         local = Path(tmp) / "file"
-        await session.download(file, local, service=service)
+        try:
+            await session.download(
+                file,
+                local,
+                service=service,
+                max_bytes=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE,
+            )
+        except TransferLimitExceeded:
+            raise OutputLimitExceededError(
+                SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, truncated_output=None
+            ) from None
         return await anyio.Path(local).read_bytes()
 
 
-async def _readable_size(session: EnvironmentSession, file: str, service: str | None) -> int:
+async def _check_readable(session: EnvironmentSession, file: str, service: str | None) -> None:
     result = await session.exec(
         [SHELL, "-c", _CHECK, "sh", file], timeout=CHECK_TIMEOUT_S, service=service
     )
@@ -75,7 +83,7 @@ async def _readable_size(session: EnvironmentSession, file: str, service: str | 
             raise IsADirectoryError(errno.EISDIR, "Is a directory", file)
         case ["missing"]:
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", file)
-        case ["file", size, mode] if int(mode, 8) & stat.S_IRUSR:
-            return int(size)
+        case ["file", mode] if set(mode) <= set("01234567") and int(mode, 8) & stat.S_IRUSR:
+            return
         case _:
             raise PermissionError(errno.EACCES, "Permission denied", file)
