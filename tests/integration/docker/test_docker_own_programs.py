@@ -78,7 +78,8 @@ async def processes(sandbox: DockerSession) -> list[str]:
     """The sandbox's command lines, from the engine's host-side view."""
     top: dict[str, Any] = await anyio.to_thread.run_sync(sandbox.client.api.top, sandbox.sandbox)
     column = top["Titles"].index("CMD")
-    return [row[column] for row in top.get("Processes") or []]
+    rows: list[list[str]] = top.get("Processes") or []
+    return [row[column] for row in rows]
 
 
 def corral_s(commands: list[str]) -> bool:
@@ -220,7 +221,8 @@ async def test_a_dns_flood_does_not_starve_corral_s_switches(
         "    for s in socks:\n"
         "        s.sendto(q, ('127.0.0.54', 53))\n"
     )
-    async with env.session(ExecutionPlan(image=TEST_IMAGE, network=allow)) as sandbox:
+    plan = ExecutionPlan(image=TEST_IMAGE, network=NetworkSchedule(baseline=allow))
+    async with env.session(plan) as sandbox:
         for _ in range(2):
             await sandbox.exec(f'nohup python3 -c "{flood}" >/dev/null 2>&1 &', user="0")
         await anyio.sleep(2)

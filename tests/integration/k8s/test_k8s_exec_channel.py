@@ -237,7 +237,7 @@ async def test_end_workload_starts_a_fresh_channel(namespace: str) -> None:
         await session.end_workload()
         result = await session.exec(["echo", "again"])
         helpers = await executor.plain.run(
-            ExecRequest(("sh", "-c", "ps -eo args | grep -c '^/[.]corral-exec-' || true"))
+            ExecRequest(("sh", "-c", "ps -eo args | grep -c '^/[.]corral/corral-exec' || true"))
         )
         assert executor.starts == 2 and executor.channel is not first
     assert result.stdout == "again\n"
@@ -266,7 +266,9 @@ async def test_a_channel_broken_mid_call_raises_and_the_next_call_restarts(
             await anyio.sleep(0.5)
             # The workload kills the helper; the plain path does it here.
             began = time.monotonic()
-            await executor.plain.run(ExecRequest(("sh", "-c", "pkill -9 -f '^/[.]corral-exec-'")))
+            await executor.plain.run(
+                ExecRequest(("sh", "-c", "pkill -9 -f '^/[.]corral/corral-exec'"))
+            )
             with anyio.fail_after(10):
                 await raised.wait()
             took = time.monotonic() - began
@@ -279,7 +281,17 @@ async def test_a_channel_broken_mid_call_raises_and_the_next_call_restarts(
     assert left == "", "the broken call's command was killed through the plain path"
 
 
-@pytest.mark.parametrize("broken", ["missing", "cannot-run", "cannot-copy"])
+async def test_a_container_not_running_as_root_gets_the_channel_too(namespace: str) -> None:
+    """The helper goes into corral's programs volume through the probe container, so the
+    sandbox's own user (here not root, which cannot write `/`) does not matter."""
+    async with make_env(namespace, run_as_user=1000).session(PLAN) as session:
+        result = await session.exec(["sh", "-c", "id -u; exit 3"])
+        executor = _channel(session)
+        assert executor.channel is not None and not executor.unavailable
+    assert (result.returncode, result.stdout) == (3, "1000\n")
+
+
+@pytest.mark.parametrize("broken", ["missing", "cannot-run"])
 async def test_a_helper_that_cannot_start_falls_back_to_plain_exec(
     namespace: str,
     broken: str,
@@ -289,17 +301,14 @@ async def test_a_helper_that_cannot_start_falls_back_to_plain_exec(
 ) -> None:
     garbage = tmp_path / "corral-exec"
     garbage.write_bytes(b"\x7fELF not a program for any machine" * 10)
-    if broken != "cannot-copy":
-        replacement = None if broken == "missing" else garbage
+    replacement = None if broken == "missing" else garbage
 
-        def binary(arch: str) -> Path | None:
-            return replacement
+    def binary(arch: str) -> Path | None:
+        return replacement
 
-        monkeypatch.setattr("corral.providers.k8s.channel.helper_binary", binary)
-    # A container that does not run as root cannot write the helper's root-owned copy.
-    overrides: dict[str, Any] = {"run_as_user": 1000} if broken == "cannot-copy" else {}
+    monkeypatch.setattr("corral.providers.k8s.channel.helper_binary", binary)
     caplog.set_level(logging.INFO, logger="corral.k8s.channel")
-    async with make_env(namespace, **overrides).session(PLAN) as session:
+    async with make_env(namespace).session(PLAN) as session:
         results = [await session.exec(["sh", "-c", "echo ok; exit 3"]) for _ in range(3)]
         counted = _Counted(monkeypatch)
         await session.exec(["true"])
@@ -313,9 +322,9 @@ async def test_a_helper_that_cannot_start_falls_back_to_plain_exec(
         r.getMessage() for r in caplog.records if "exec channel unavailable" in r.getMessage()
     ]
     assert len(warnings) == 1, f"logged once: {warnings}"
-    expected = {"missing": "no helper binary", "cannot-run": "helper", "cannot-copy": "copying"}
+    expected = {"missing": "no helper binary", "cannot-run": "helper"}
     assert expected[broken] in warnings[0], warnings[0]
-    assert leftovers.stdout.strip() == "0", "the copy that never ran was removed"
+    assert leftovers.stdout.strip() == "0", "no copy in the sandbox's own filesystem"
 
 
 async def test_nothing_is_left_after_close(namespace: str, cluster: Any) -> None:

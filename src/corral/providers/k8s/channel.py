@@ -2,10 +2,10 @@
 
 The protocol, the bookkeeping of each call and the fallbacks are `corral.helper.channel`'s;
 this module is the transport and the start. On the first exec corral streams its helper
-(`corral.helper`, a static binary, in a tar) into the sandbox container through one plain
-exec of the image's `tar`, at a fresh random path under `/` (owned by root: the copy
-needs the container to run as root, as the Pod's default does), then starts it with one
-websocket exec with stdin. The helper removes its copy as it starts. Each later command
+(`corral.helper`, a static binary, in a tar) into the Pod's programs volume through the
+probe container (corral's image and busybox; the sandbox has that volume read-only, see
+`pod.PROGRAMS`), renamed into place whole, then starts it in the sandbox container from
+there with one websocket exec with stdin. Each later command
 is a frame on that websocket's stdin channel; the helper's frames come back on its stdout
 channel, its own diagnostics on stderr, the stream's end status on the error channel.
 
@@ -19,10 +19,9 @@ connection is made by the kubernetes client (URL, credentials, subprotocol); the
 after the handshake are read and written here, without its buffering.
 
 Fallbacks (plain exec for the session's life, logged once): no binary for the node's
-architecture, a copy that fails (a container not running as root cannot write `/`, an
-image without `tar`, a full disk), a helper that does not start or answer. A connection
-to the API server that fails while the helper starts fails that call (`ProviderError`),
-as it would fail a plain exec; the next call tries again.
+architecture, a copy that fails (a full volume), a helper that does not start or answer.
+A connection to the API server that fails while the helper starts fails that call
+(`ProviderError`), as it would fail a plain exec; the next call tries again.
 """
 
 from __future__ import annotations
@@ -54,6 +53,7 @@ from corral.helper.channel import (
     Stateless,
 )
 from corral.helper.channel import ChannelExecutor as _ChannelExecutor
+from corral.providers.k8s import probe
 from corral.providers.k8s.api import call, explain
 from corral.providers.k8s.execution import (
     FRAME,
@@ -64,6 +64,7 @@ from corral.providers.k8s.execution import (
     run_blocking_exec,
     run_exec,
 )
+from corral.providers.k8s.pod import PROGRAMS, PROGRAMS_RW
 
 log = logging.getLogger("corral.k8s.channel")
 
@@ -72,8 +73,13 @@ IO_CHUNK = 64 * 1024
 #: a websocket frame from the API server larger than this is garbage
 MAX_WS_FRAME = 16 << 20
 _STDIN = bytes([0])
-# `head -c` bounds what tar reads: the v4 protocol cannot close stdin.
-_COPY = 'head -c "$1" | tar -x -f - -C /'
+# `head -c` bounds what tar reads: the v4 protocol cannot close stdin. Unpacked under a
+# fresh name, then renamed over the helper: one running keeps its own file.
+_COPY = (
+    'busybox head -c "$1" | busybox tar -x -f - -C "$2" && busybox chmod 555 "$2/$3" '
+    '&& busybox mv -f "$2/$3" "$2/$4"'
+)
+_HELPER = "corral-exec"
 
 
 class PlainExecutor(Stateless):
@@ -307,29 +313,30 @@ class ChannelExecutor(_ChannelExecutor):
             found = await self.plain.run(ExecRequest(("uname", "-m"), timeout=30))
             return found.stdout.strip()
 
-    async def _copy(self, binary: Any, name: str) -> None:
-        archive = await anyio.to_thread.run_sync(helper_archive, binary, name)
+    async def _copy(self, binary: Any) -> None:
+        incoming = f".incoming-{secrets.token_hex(8)}"
+        archive = await anyio.to_thread.run_sync(helper_archive, binary, incoming)
         stderr = BoundedOutput(4096)
         target = self.target
         # A lost connection raises ProviderError: this call fails, the next tries again.
         status, _ = await call(
             target.tokens,
             run_blocking_exec,
-            target,
-            ["sh", "-c", _COPY, "sh", str(len(archive))],
+            target.sibling(probe.CONTAINER),
+            ["sh", "-c", _COPY, "sh", str(len(archive)), PROGRAMS_RW, incoming, _HELPER],
             [archive],
             None,
             lambda stream, data: stderr.feed(data) if stream == "stderr" else None,
         )
         try:
             code = exit_code(status)
-        except ProviderError as exc:  # the exec itself failed in the Pod (no `sh`)
+        except ProviderError as exc:  # the exec itself failed in the Pod
             raise ChannelUnavailable(
-                f"copying the helper into the container failed: {exc}"
+                f"copying the helper into the programs volume failed: {exc}"
             ) from None
         if code != 0:
             raise ChannelUnavailable(
-                f"copying the helper into the container failed (exit {code}): "
+                f"copying the helper into the programs volume failed (exit {code}): "
                 f"{stderr.text().strip()[:300]}"
             )
 
@@ -342,29 +349,21 @@ class ChannelExecutor(_ChannelExecutor):
                 f"this corral has no helper binary for linux/{arch or '?'} "
                 "(build it with helper/build.sh)"
             )
-        name = f".corral-exec-{secrets.token_hex(8)}"
-        path = f"/{name}"
-        await self._copy(binary, name)
+        await self._copy(binary)
+        path = f"{PROGRAMS}/{_HELPER}"
+        # Refused or lost, the API server fails this call as it would a plain exec (a
+        # ProviderError); the next call tries again.
         try:
-            # Refused or lost, the API server fails this call as it would a plain exec (a
-            # ProviderError); the next call tries again.
-            try:
-                ws = await call(target.tokens, connect, target, [path, path, "1"], stdin=True)
-            except ApiException as exc:
-                raise ProviderError(f"exec in Pod {target.pod} failed: {explain(exc)}") from None
-            channel = Channel(WebSocketTransport(ws), token, "k8s", target.tokens, self.sandbox_id)
-            channel.start_reader()
-            try:
-                await channel.await_hello()
-            except BaseException as exc:
-                channel.close()
-                if isinstance(exc, ChannelUnavailable) and channel.dead not in (None, "closed"):
-                    raise ChannelUnavailable(f"{exc}: {channel.dead}") from None
-                raise
-        except Exception:
-            # Best effort: a helper that never ran never removed its copy. Not after a
-            # cancellation, which must return at once (the copy goes with the Pod).
-            with anyio.move_on_after(10), contextlib.suppress(ProviderError):
-                await self.plain.run(ExecRequest(("rm", "-f", path), timeout=5))
+            ws = await call(target.tokens, connect, target, [path, path, "1"], stdin=True)
+        except ApiException as exc:
+            raise ProviderError(f"exec in Pod {target.pod} failed: {explain(exc)}") from None
+        channel = Channel(WebSocketTransport(ws), token, "k8s", target.tokens, self.sandbox_id)
+        channel.start_reader()
+        try:
+            await channel.await_hello()
+        except BaseException as exc:
+            channel.close()
+            if isinstance(exc, ChannelUnavailable) and channel.dead not in (None, "closed"):
+                raise ChannelUnavailable(f"{exc}: {channel.dead}") from None
             raise
         return channel

@@ -50,6 +50,7 @@ from corral.providers.k8s.pod import (
     OPENED,
     READY_FILE,
     check_services,
+    corral_sh,
     dns_servers,
     manifest,
     opened,
@@ -228,7 +229,7 @@ class KubernetesEnvironment(BaseEnvironment):
     async def _open_gate(self, session: KubernetesSession) -> None:
         gate = await run_exec(
             session.target,
-            ["touch", READY_FILE],
+            corral_sh(f"touch {READY_FILE}"),
             cwd=None,
             env={},
             stdin=None,

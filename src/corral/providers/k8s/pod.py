@@ -34,19 +34,53 @@ SERVICES = "corral.services"
 #: adds itself (`sandbox`, `corral-probe`, `corral-reaper-*`) starts with.
 SERVICE_PREFIX = "svc-"
 _IDLE_FIFO = "/tmp/.corral-idle"
+#: corral's programs: an emptyDir that corral's own containers fill (the init container
+#: copies its image's static busybox, the exec channel puts its helper in through the
+#: probe container) and the sandbox container mounts read-only at PROGRAMS. Nothing of the
+#: image runs as PID 1 or for any command corral sends, so a replaced `sh`, `sleep` or
+#: `touch` (in the Pod, or in a snapshot a fork is restored from) never runs for corral.
+PROGRAMS_VOLUME = "corral-programs"
+PROGRAMS = "/.corral"
+BUSYBOX = f"{PROGRAMS}/busybox"
+#: where corral's own containers (init, probe) have the volume, writable
+PROGRAMS_RW = "/corral"
+INIT_CONTAINER = "corral-programs"
 # The workload's own command starts only once corral has applied and verified the
-# baseline policy (it writes READY_FILE); until then nothing in the Pod talks. Without a
-# plan.command this shell stays PID 1 and idles reading a FIFO it holds open itself: once
-# the gate is open it never forks or execs, so after the reaper has killed every other
-# process nothing comes back (not even through a /bin/sleep the agent replaced). The FIFO
-# is made before the gate opens, while the image is still as built; ignoring SIGCHLD lets
-# the kernel reap the orphans PID 1 inherits.
+# baseline policy (it writes READY_FILE); until then nothing in the Pod talks. The shell
+# is corral's busybox, whose applets it prefers to anything on the image's PATH. Without a
+# plan.command it stays PID 1 and idles reading a FIFO it holds open itself: once the gate
+# is open it never forks or execs, so after the reaper has killed every other process
+# nothing comes back. A plan.command is looked up on the image's PATH (not among
+# busybox's applets) and exec'd: it is the workload. Ignoring SIGCHLD lets the kernel reap
+# the orphans PID 1 inherits.
 _GATE = (
     f"mkfifo -m 600 {_IDLE_FIFO} && exec 3<>{_IDLE_FIFO} && rm {_IDLE_FIFO} || exit 1; "
     f"until [ -e {READY_FILE} ]; do sleep 0.1; done; "
-    '[ $# -eq 0 ] || exec "$@" 3<&-; '
+    "[ $# -eq 0 ] || { case $1 in */*) p=$1 ;; *) p=; IFS=:; "
+    'for d in $PATH; do [ -f "$d/$1" ] && [ -x "$d/$1" ] && { p=$d/$1; break; }; done; '
+    'unset IFS ;; esac; [ -n "$p" ] || { echo "corral: $1: not found" >&2; exit 127; }; '
+    'shift; exec "$p" "$@" 3<&-; }; '
     "trap 'exit 0' TERM; trap '' CHLD; while :; do read -r _ <&3; done"
 )
+
+
+def corral_sh(script: str, *args: str) -> list[str]:
+    """`script` run by corral's busybox shell in the sandbox container (its applets)."""
+    return [BUSYBOX, "sh", "-c", script, "sh", *args]
+
+
+def _programs_init(cfg: KubernetesConfig) -> dict[str, Any]:
+    """Copies corral's busybox into the programs volume before the sandbox starts."""
+    return {
+        "name": INIT_CONTAINER,
+        "image": cfg.probe_image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": ["/bin/busybox", "cp", "/bin/busybox", f"{PROGRAMS_RW}/busybox"],
+        "securityContext": probe.SECURITY_CONTEXT,
+        "resources": probe.RESOURCES,
+        "volumeMounts": [{"name": PROGRAMS_VOLUME, "mountPath": PROGRAMS_RW}],
+    }
+
 
 FATAL_WAITING = {
     "ErrImagePull",
@@ -91,7 +125,7 @@ def manifest(
     labels: dict[str, str],
     dns_servers: tuple[IPAddress, ...],
 ) -> dict[str, Any]:
-    command = ["sh", "-c", _GATE, "sh", *(plan.command or [])]
+    command = corral_sh(_GATE, *(plan.command or []))
     security = cfg.security_context.manifest(cfg.unsafe_capabilities)
     if cfg.run_as_user is not None:
         security["runAsUser"] = cfg.run_as_user
@@ -103,12 +137,15 @@ def manifest(
         "env": [{"name": k, "value": v} for k, v in plain_env(plan.env).items()],
         "securityContext": security,
         "resources": _resources(plan.resources, cfg),
+        "volumeMounts": [{"name": PROGRAMS_VOLUME, "mountPath": PROGRAMS, "readOnly": True}],
     }
     if plan.workdir:
         container["workingDir"] = plan.workdir
     beside = [_service(name, svc, cfg, security) for name, svc in plan.services.items()]
     spec: dict[str, Any] = {
-        "containers": [container, probe.container(cfg), *beside],
+        "initContainers": [_programs_init(cfg)],
+        "containers": [container, probe.container(cfg, PROGRAMS_VOLUME, PROGRAMS_RW), *beside],
+        "volumes": [{"name": PROGRAMS_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}}],
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 1,
         "enableServiceLinks": False,
@@ -217,12 +254,16 @@ def _names(cfg: KubernetesConfig, dns_servers: tuple[IPAddress, ...]) -> dict[st
 def fatal(pod: Any) -> str | None:
     status: Any = pod.status
     conditions: list[Any] = status.conditions or []
-    containers: list[Any] = status.container_statuses or []
+    containers: list[Any] = [
+        *(status.init_container_statuses or []),
+        *(status.container_statuses or []),
+    ]
     for condition in conditions:
         unscheduled = condition.type == "PodScheduled" and condition.status == "False"
         if unscheduled and condition.reason == "Unschedulable":
             return f"Pod cannot be scheduled: {condition.message}"
-    images: dict[str, str] = {c.name: c.image for c in pod.spec.containers}
+    specs: list[Any] = [*(pod.spec.init_containers or []), *pod.spec.containers]
+    images: dict[str, str] = {c.name: c.image for c in specs}
     for container in containers:
         state: Any = container.state
         image = images.get(container.name, container.image)
@@ -233,15 +274,16 @@ def fatal(pod: Any) -> str | None:
             return f"{of}{waiting.reason} for image {image!r}: {waiting.message or ''}".strip()
         terminated: Any = state.terminated if state else None
         if terminated is not None:
-            if container.name == probe.CONTAINER:
+            if container.name == INIT_CONTAINER:
+                if terminated.exit_code == 0:
+                    continue
+                needs = "probe_image must hold /bin/busybox (static)"
+            elif container.name == probe.CONTAINER:
                 needs = "probe_image must keep running by its own entrypoint"
             elif service:
                 needs = "a service must keep running (its image's entrypoint or its command)"
             else:
-                needs = (
-                    "the image needs `sh`, `sleep` and `mkfifo`, or a plan.command that "
-                    "keeps running"
-                )
+                needs = "a plan.command must keep running (and be on the image's PATH)"
             return (
                 f"{of}container {container.name} exited with code {terminated.exit_code} "
                 f"({terminated.reason}); {needs}"

@@ -4,11 +4,12 @@ What dials the policy probe and what sends corral's DNS queries must be out of t
 workload's reach: the sandbox container's `nc`, `/etc/hosts` and libc are root's to
 replace, and a probe run with them can be made to read "refused" whatever the CNI does.
 So every sandbox Pod carries a second container from corral's own image (`probe_image`).
-It shares the Pod's network namespace and nothing else (no process namespace, no volume,
-its own root filesystem, read-only), runs as `nobody` with no capabilities, and corral
-execs into it. A container in the spec, rather than an ephemeral one per probe: an exec
-into a running container costs tens of milliseconds, an ephemeral container a container
-start each time, and each one stays in the Pod's spec for good.
+It shares the Pod's network namespace and nothing else the workload can write (no process
+namespace, its own root filesystem, read-only; the one volume it mounts is corral's
+programs, read-only to the sandbox: see `pod.PROGRAMS`), runs as `nobody` with no
+capabilities, and corral execs into it. A container in the spec, rather than an ephemeral
+one per probe: an exec into a running container costs tens of milliseconds, an ephemeral
+container a container start each time, and each one stays in the Pod's spec for good.
 """
 
 from __future__ import annotations
@@ -44,25 +45,32 @@ DIAL_SCRIPT = (
 )
 
 
-def container(cfg: KubernetesConfig) -> dict[str, Any]:
-    """The probe container's spec: the image's own entrypoint keeps it running."""
+#: corral's own containers in the Pod (the probe, the programs' init container)
+SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": _NOBODY,
+    "runAsGroup": _NOBODY,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+RESOURCES: dict[str, Any] = {
+    "requests": {"cpu": "10m", "memory": "16Mi"},
+    "limits": {"memory": "64Mi"},
+}
+
+
+def container(cfg: KubernetesConfig, volume: str, mount: str) -> dict[str, Any]:
+    """The probe container's spec: the image's own entrypoint keeps it running; corral's
+    programs `volume` writable at `mount` (the exec channel puts its helper there)."""
     return {
         "name": CONTAINER,
         "image": cfg.probe_image,
         "imagePullPolicy": cfg.image_pull_policy,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": _NOBODY,
-            "runAsGroup": _NOBODY,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "resources": {
-            "requests": {"cpu": "10m", "memory": "16Mi"},
-            "limits": {"memory": "64Mi"},
-        },
+        "securityContext": SECURITY_CONTEXT,
+        "resources": RESOURCES,
+        "volumeMounts": [{"name": volume, "mountPath": mount}],
     }
 
 
