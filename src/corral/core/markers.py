@@ -22,5 +22,7 @@ def new_marker() -> str:
     return secrets.token_hex(8)
 
 
-def kill_tree_argv(marker: str) -> list[str]:
-    return ["sh", "-c", KILL_TREE, "sh", marker]
+def kill_tree_argv(marker: str, shell: tuple[str, ...] = ("sh",)) -> list[str]:
+    """The kill script by `shell`: corral's own busybox shell where the sandbox has it
+    (its applets, whatever the image's PATH holds), else the container's `sh`."""
+    return [*shell, "-c", KILL_TREE, "sh", marker]

@@ -28,6 +28,7 @@ from corral.errors import (
     FeatureUnsupported,
     NetworkPolicyUnsupported,
     RemotePathNotFound,
+    TransferLimitExceeded,
     UnsafeArchiveMember,
 )
 from corral.network.policy import NetworkMode, NetworkPolicy, NetworkSchedule
@@ -42,6 +43,7 @@ __all__ = [
     "test_conformance_exec_list_runs_without_shell",
     "test_conformance_exec_string_runs_through_sh",
     "test_conformance_file_round_trip",
+    "test_conformance_file_size_limits",
     "test_conformance_invalid_utf8_is_replaced",
     "test_conformance_missing_paths",
     "test_conformance_network_events",
@@ -213,6 +215,27 @@ async def test_conformance_file_round_trip(
     assert text == "grüße ✓\n"
     assert (tmp_path / "out" / "out.bin").read_bytes() == payload
     assert size.stdout.split()[0] == str(len(payload))
+
+
+@anyio_mark
+async def test_conformance_file_size_limits(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan, tmp_path: Path
+) -> None:
+    """A file over `max_bytes` is refused, naming the path and the limit, before anything
+    lands; the same file within its limit, or with none, comes back whole."""
+    async with corral_environment.session(corral_plan) as sandbox:
+        root = await _workdir(sandbox)
+        path = f"{root}/sized.txt"
+        await sandbox.write_text(path, "x" * 5000)
+        with pytest.raises(TransferLimitExceeded, match=r"sized\.txt.*5000 bytes.*limit of 4096"):
+            await sandbox.read_text(path, max_bytes=4096)
+        with pytest.raises(TransferLimitExceeded, match=r"limit of 100\b"):
+            await sandbox.download(path, tmp_path / "refused", max_bytes=100)
+        whole = await sandbox.read_text(path, max_bytes=5000)
+        await sandbox.download(path, tmp_path / "free", max_bytes=None)
+    assert whole == "x" * 5000
+    assert not (tmp_path / "refused").exists()
+    assert (tmp_path / "free").read_text() == "x" * 5000
 
 
 @anyio_mark

@@ -5,6 +5,7 @@ is read from the sandbox's tools. Each attack here worked against 9645f1b."""
 from __future__ import annotations
 
 import resource
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,12 @@ from inspect_ai.util import OutputLimitExceededError
 
 from corral import EnvironmentSession, ExecutionPlan, NetworkPolicy, NetworkSchedule, TaskRun
 from corral.adapters.inspect.files import read_file
+from corral.core.labels import OWNER
 from corral.errors import TransferLimitExceeded
 from corral.providers.docker import DockerEnvironment
 from corral.providers.docker.programs import BUSYBOX, HELPER, MOUNT
 from corral.providers.docker.session import ENGINE_INIT, DockerSession
+from corral.providers.docker.snapshots import SNAPSHOT
 from corral.testing.plugin import EgressTarget
 from tests.integration.conftest import ALLOWED_IP, TCP_PORT
 from tests.integration.docker.conftest import TEST_IMAGE, leftovers, make_env
@@ -234,3 +237,50 @@ async def test_a_dns_flood_does_not_starve_corral_s_switches(
         reached = await sandbox.exec(["nc", "-z", "-w", "3", "a.allowed.test", str(TCP_PORT)])
     assert reached.returncode == 0, reached
     assert leftovers(engine, owner) == []
+
+
+async def test_every_program_corral_runs_in_the_sandbox_is_corral_s(
+    engine: Any, owner: str, docker_env: DockerEnvironment, tmp_path: Path
+) -> None:
+    """A whole task (open with its probes, execs plain and timed out, file calls, switches,
+    the end of the run, evaluation, save, close): the engine's own record of every exec in
+    the sandbox container names only corral's read-only programs."""
+    schedule = NetworkSchedule(
+        baseline=NetworkPolicy.public(),
+        run=NetworkPolicy.no_network(),
+        evaluation=NetworkPolicy.public(),
+    )
+    plan = ExecutionPlan(image=TEST_IMAGE, network=schedule)
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "a.txt").write_text("a")
+    since = int(time.time()) - 1
+    async with TaskRun(docker_env, plan) as run:
+        sandbox = run.session
+        assert isinstance(sandbox, DockerSession)
+        container = sandbox.sandbox
+        async with run.running() as session:
+            await session.exec(["true"])
+            await session.exec("echo $HOME")
+            timed = await session.exec(["sleep", "5"], timeout=1)
+            assert timed.timed_out
+            await session.upload_dir(tmp_path / "tree", "/srv/tree")
+            await session.download_dir("/srv/tree", tmp_path / "back")
+            await session.write_text("/srv/x", "x")
+            assert await session.read_text("/srv/x") == "x"
+
+        async def grade(session: EnvironmentSession) -> int | None:
+            return (await session.exec(["sh", "-c", "exit 3"])).returncode
+
+        assert await run.evaluate(grade) == 3
+        ref = await sandbox.save()
+        main = await anyio.to_thread.run_sync(engine.api.inspect_container, container)
+    for image in engine.api.images(filters={"label": [f"{OWNER}={owner}", f"{SNAPSHOT}={ref.id}"]}):
+        engine.images.remove(image["Id"], force=True)
+    until = int(time.time()) + 1
+    events = engine.api.events(
+        since=since, until=until, decode=True, filters={"container": container}
+    )
+    execs = [e["Action"].split(": ", 1)[1] for e in events if e["Action"].startswith("exec_create")]
+    assert execs, "the engine recorded the execs"
+    assert [c for c in execs if c.split(" ", 1)[0] not in (HELPER, BUSYBOX)] == []
+    assert main["Path"] == BUSYBOX and main["HostConfig"]["Init"] is True

@@ -108,7 +108,7 @@ class ChannelExecutor(_ChannelExecutor):
         self.api = api
         self.tokens = tokens
         self.container = container
-        self.plain: PlainExecutor = PlainExecutor(api, tokens, container)
+        self.plain: PlainExecutor = PlainExecutor(api, tokens, container, programs.SHELL)
         super().__init__(self.plain, sandbox_id, log)
         self._default_user = ""
         self._default_cwd = "/"
@@ -118,7 +118,9 @@ class ChannelExecutor(_ChannelExecutor):
 
     async def _kill_fallback(self, marker: str, user: str | None) -> None:
         with anyio.move_on_after(10):
-            await kill_tree(self.api, self.tokens, self.container, marker, user or None)
+            await kill_tree(
+                self.api, self.tokens, self.container, marker, user or None, programs.SHELL
+            )
 
     async def _start(self, token: EventLoopToken) -> Channel:
         try:

@@ -38,7 +38,10 @@ async def run_exec(
     timeout: float | None,
     on_output: OutputCallback | None,
     output_limit: int,
+    shell: tuple[str, ...] = ("sh",),
 ) -> ExecResult:
+    """`args` in `container`; a timed-out or cancelled command's tree is killed by
+    `shell` (see `kill_tree`)."""
     capture = Capture(output_limit, on_output)
     marker = new_marker()
     try:
@@ -78,15 +81,21 @@ async def run_exec(
             with contextlib.suppress(OSError):
                 sock.close()
             if not finished:
-                await kill_tree(api, tokens, container, marker, user)
+                await kill_tree(api, tokens, container, marker, user, shell)
     returncode = TIMEOUT_RETURNCODE if timed_out else await _exit_code(api, tokens, exec_id)
     return capture.result(returncode, timed_out=timed_out)
 
 
 async def kill_tree(
-    api: Engine, tokens: int, container: str, marker: str, user: str | None
+    api: Engine,
+    tokens: int,
+    container: str,
+    marker: str,
+    user: str | None,
+    shell: tuple[str, ...],
 ) -> None:
-    """Kill every process in the sandbox whose environment carries `marker`.
+    """Kill every process in the sandbox whose environment carries `marker`, by `shell`:
+    corral's busybox in the sandbox container (`programs`), the image's `sh` in a service.
 
     Runs as the command's own user: root in the sandbox holds neither CAP_SYS_PTRACE (to
     read another user's /proc/PID/environ) nor, on engines before 23.0 in a sandbox whose
@@ -94,7 +103,7 @@ async def kill_tree(
     """
     try:
         created: dict[str, Any] = await call(
-            tokens, api.exec_create, container, kill_tree_argv(marker), user=user or ""
+            tokens, api.exec_create, container, kill_tree_argv(marker, shell), user=user or ""
         )
         await call(tokens, api.exec_start, created["Id"])
     except APIError:

@@ -19,12 +19,15 @@ __all__ = ["Executor", "PlainExecutor"]
 
 
 class PlainExecutor(Stateless):
-    """One engine exec per command."""
+    """One engine exec per command; `shell` kills a timed-out one's tree (`kill_tree`)."""
 
-    def __init__(self, api: Engine, tokens: int, container: str) -> None:
+    def __init__(
+        self, api: Engine, tokens: int, container: str, shell: tuple[str, ...] = ("sh",)
+    ) -> None:
         self.api = api
         self.tokens = tokens
         self.container = container
+        self.shell = shell
 
     async def run(self, request: ExecRequest) -> ExecResult:
         return await run_exec(
@@ -39,4 +42,5 @@ class PlainExecutor(Stateless):
             timeout=request.timeout,
             on_output=request.on_output,
             output_limit=request.output_limit,
+            shell=self.shell,
         )

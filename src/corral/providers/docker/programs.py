@@ -29,6 +29,8 @@ from corral.providers.docker.engine import Engine, call, idempotent
 MOUNT = "/.corral"
 BUSYBOX = f"{MOUNT}/busybox"
 HELPER = f"{MOUNT}/corral-exec"
+#: corral's shell for its own scripts in the sandbox (busybox prefers its own applets)
+SHELL = (BUSYBOX, "sh")
 #: the holder image's static busybox
 _SOURCE = "/bin/busybox"
 

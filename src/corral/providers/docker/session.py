@@ -129,7 +129,7 @@ class DockerSession(EnvironmentSession):
         self.executor: Executor = (
             ChannelExecutor(client.api, tokens, sandbox, id)
             if exec_channel
-            else PlainExecutor(client.api, tokens, sandbox)
+            else PlainExecutor(client.api, tokens, sandbox, programs.SHELL)
         )
         self.snapshot_lifetime_s = snapshot_lifetime_s
         #: where corral's resolver forwards the names an allowlist allows (and where corral

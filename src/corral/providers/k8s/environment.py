@@ -45,6 +45,7 @@ from corral.providers.k8s.api import Api, call, connect, explain, idempotent, st
 from corral.providers.k8s.config import KubernetesConfig
 from corral.providers.k8s.execution import Target, run_exec
 from corral.providers.k8s.pod import (
+    BUSYBOX,
     CONTAINER,
     INSTANCE,
     OPENED,
@@ -179,7 +180,7 @@ class KubernetesEnvironment(BaseEnvironment):
         name: str = pod.metadata.name
         labels: dict[str, str] = dict(pod.metadata.labels or {})
         sandbox: Any = next(c for c in pod.spec.containers if c.name == CONTAINER)
-        target = Target(clients, cfg.max_workers, cfg.namespace, name, CONTAINER)
+        target = Target(clients, cfg.max_workers, cfg.namespace, name, CONTAINER, (BUSYBOX, "sh"))
         places = {
             service: Place(target.sibling(container.name), container.working_dir or "/")
             for service, container in services(pod).items()

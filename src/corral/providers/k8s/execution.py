@@ -3,8 +3,8 @@
 The websocket is driven in one worker thread: stdin goes out in frames of at most 1 MiB
 and is closed through the v5 CLOSE signal; stdout/stderr are read until the stream
 closes (draining, so large output is never cut short); the exit code comes from the
-status channel. The command runs under `env CORRAL_EXEC=<marker>` so that a timeout can
-kill its whole tree inside the Pod.
+status channel. The command runs with `CORRAL_EXEC=<marker>` in its environment so that a
+timeout can kill its whole tree inside the Pod.
 """
 
 from __future__ import annotations
@@ -45,26 +45,55 @@ _CHANNELS: dict[int, Stream] = {STDOUT_CHANNEL: "stdout", STDERR_CHANNEL: "stder
 Sink = Callable[[Stream, bytes], None]
 
 
-class Target:
-    """Where execs go: one container of one Pod."""
+#: The program `$1` looked up on $PATH and exec'd with the rest of the arguments, by a
+#: busybox shell that would otherwise prefer its own applets to the image's programs.
+EXEC_ON_PATH = (
+    "case $1 in */*) p=$1 ;; *) p=; IFS=:; "
+    'for d in $PATH; do [ -f "$d/$1" ] && [ -x "$d/$1" ] && { p=$d/$1; break; }; done; '
+    'unset IFS ;; esac; [ -n "$p" ] || { echo "$1: not found" >&2; exit 127; }; '
+    'shift; exec "$p" "$@"'
+)
+# $1 cwd, $2 how many NAME=value follow; then the command.
+_RUN = (
+    'cd "$1" && { n=$2; shift 2; while [ "$n" -gt 0 ]; do export "$1"; shift; '
+    "n=$((n - 1)); done; " + EXEC_ON_PATH + "; }"
+)
 
-    def __init__(self, clients: Api, tokens: int, namespace: str, pod: str, container: str) -> None:
+
+class Target:
+    """Where execs go: one container of one Pod.
+
+    `shell`: what runs corral's wrapper and kill scripts there: corral's busybox shell
+    from the programs volume in the sandbox container, the image's `sh` elsewhere.
+    """
+
+    def __init__(
+        self,
+        clients: Api,
+        tokens: int,
+        namespace: str,
+        pod: str,
+        container: str,
+        shell: tuple[str, ...] = ("sh",),
+    ) -> None:
         self.clients = clients
         self.tokens = tokens
         self.namespace = namespace
         self.pod = pod
         self.container = container
+        self.shell = shell
 
     def sibling(self, container: str) -> Target:
-        """Another container of the same Pod."""
+        """Another container of the same Pod (its own image's `sh`)."""
         return Target(self.clients, self.tokens, self.namespace, self.pod, container)
 
 
-def wrapped(args: list[str], cwd: str | None, env: Mapping[str, str], marker: str) -> list[str]:
+def wrapped(
+    args: list[str], cwd: str | None, env: Mapping[str, str], marker: str, shell: tuple[str, ...]
+) -> list[str]:
     """`args` run in `cwd` with `env` and the tree marker (the exec API has neither)."""
-    assignments = [f"{k}={v}" for k, v in env.items()]
-    inner = ["env", f"{MARKER}={marker}", *assignments, *args]
-    return ["sh", "-c", 'cd "$0" && exec "$@"', cwd or ".", *inner]
+    assignments = [f"{MARKER}={marker}", *(f"{k}={v}" for k, v in env.items())]
+    return [*shell, "-c", _RUN, "sh", cwd or ".", str(len(assignments)), *assignments, *args]
 
 
 def exit_code(status: str) -> int | None:
@@ -228,7 +257,7 @@ async def run_exec(
             functools.partial(
                 run_blocking_exec,
                 target,
-                wrapped(args, cwd, env, marker),
+                wrapped(args, cwd, env, marker, target.shell),
                 None if stdin is None else [stdin],
                 deadline,
                 sink,
@@ -251,7 +280,13 @@ async def kill(target: Target, marker: str) -> None:
     """Kill every process in the Pod carrying `marker`."""
     with contextlib.suppress(ProviderError):  # the Pod is gone, and the tree with it
         await call(
-            target.tokens, run_blocking_exec, target, kill_tree_argv(marker), None, None, _ignore
+            target.tokens,
+            run_blocking_exec,
+            target,
+            kill_tree_argv(marker, target.shell),
+            None,
+            None,
+            _ignore,
         )
 
 

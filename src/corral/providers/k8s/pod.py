@@ -15,6 +15,7 @@ from corral.network.targets import IPAddress
 from corral.providers.k8s import probe
 from corral.providers.k8s.api import Api, idempotent
 from corral.providers.k8s.config import KubernetesConfig
+from corral.providers.k8s.execution import EXEC_ON_PATH
 
 CONTAINER = "sandbox"
 READY_FILE = "/tmp/.corral-ready"
@@ -56,10 +57,7 @@ INIT_CONTAINER = "corral-programs"
 _GATE = (
     f"mkfifo -m 600 {_IDLE_FIFO} && exec 3<>{_IDLE_FIFO} && rm {_IDLE_FIFO} || exit 1; "
     f"until [ -e {READY_FILE} ]; do sleep 0.1; done; "
-    "[ $# -eq 0 ] || { case $1 in */*) p=$1 ;; *) p=; IFS=:; "
-    'for d in $PATH; do [ -f "$d/$1" ] && [ -x "$d/$1" ] && { p=$d/$1; break; }; done; '
-    'unset IFS ;; esac; [ -n "$p" ] || { echo "corral: $1: not found" >&2; exit 127; }; '
-    'shift; exec "$p" "$@" 3<&-; }; '
+    "[ $# -eq 0 ] || { exec 3<&-; " + EXEC_ON_PATH + "; }; "
     "trap 'exit 0' TERM; trap '' CHLD; while :; do read -r _ <&3; done"
 )
 

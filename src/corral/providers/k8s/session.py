@@ -53,13 +53,15 @@ from corral.providers.k8s.execution import (
     run_blocking_exec,
 )
 from corral.providers.k8s.forward import PortForwarder
+from corral.providers.k8s.pod import corral_sh
 from corral.providers.k8s.reaper import Reaper
 
 MISSING = 44
 IS_DIR = 45
 IS_LINK = 46
 NO_TAR = 127
-# Uploads run the Pod's own tools (see upload_dir). `tar -x` replaces a symlink at a
+# Run by corral's busybox in the sandbox container, by the image's tools in a service
+# (`Place.script`). `tar -x` replaces a symlink at a
 # member's place rather than following it; `$3` = dir refuses a root that is a symlink.
 _UNTAR = (
     'mkdir -p "$1" && if [ "$3" = dir ] && [ -L "$1" ]; then exit 46; fi '
@@ -75,10 +77,20 @@ RANGE_TRIES = 3
 
 @dataclass(frozen=True)
 class Place:
-    """Where a call of the session lands: a container, and its working directory."""
+    """Where a call of the session lands: a container, and its working directory.
+
+    `corral_s`: the sandbox container, where corral's own commands (the file calls) run
+    with corral's busybox from the read-only programs volume; a service's run with its
+    image's `sh` and tools (SECURITY.md, known gaps).
+    """
 
     target: Target
     workdir: str
+    corral_s: bool = False
+
+    def script(self, script: str, *args: str) -> list[str]:
+        """`script` with `args`, by corral's shell where this place has it."""
+        return corral_sh(script, *args) if self.corral_s else ["sh", "-c", script, "sh", *args]
 
 
 class KubernetesSession(EnvironmentSession):
@@ -138,7 +150,7 @@ class KubernetesSession(EnvironmentSession):
         name not among the session's services is a ConfigError naming it)."""
         name = self.service_name(service)
         if name is None:
-            return Place(self.target, self.workdir)
+            return Place(self.target, self.workdir, corral_s=True)
         return self.service_places[name]
 
     async def endpoint(self, port: int) -> str | None:
@@ -187,7 +199,7 @@ class KubernetesSession(EnvironmentSession):
         return await PlainExecutor(place.target).run(request)
 
     async def _stream_in(
-        self, target: Target, directory: str, chunks: Iterator[bytes], *, root: bool
+        self, place: Place, directory: str, chunks: Iterator[bytes], *, root: bool
     ) -> None:
         """Spool the tar (to learn its length), then send it over stdin, length-bounded.
 
@@ -208,8 +220,8 @@ class KubernetesSession(EnvironmentSession):
             status, _ = await call(
                 self.target.tokens,
                 run_blocking_exec,
-                target,
-                ["sh", "-c", _UNTAR, "sh", directory, str(size), "dir" if root else ""],
+                place.target,
+                place.script(_UNTAR, directory, str(size), "dir" if root else ""),
                 frames,
                 None,
                 lambda name, data: stderr.feed(data) if name == "stderr" else None,
@@ -217,7 +229,8 @@ class KubernetesSession(EnvironmentSession):
         code = exit_code(status)
         if code == NO_TAR or "tar: not found" in stderr.text():
             raise ProviderError(
-                f"the image of container {target.container!r} has no `tar`; file transfer needs it"
+                f"the image of container {place.target.container!r} has no `tar`; file transfer "
+                "needs it"
             )
         if code == IS_LINK:
             raise UnsafeArchiveMember(
@@ -230,7 +243,7 @@ class KubernetesSession(EnvironmentSession):
         place = self._place(service)
         path = self._absolute(remote, place.workdir)
         parent, name = posixpath.split(path)
-        await self._stream_in(place.target, parent, pack_file(local, name), root=False)
+        await self._stream_in(place, parent, pack_file(local, name), root=False)
 
     async def upload_dir(
         self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
@@ -243,7 +256,7 @@ class KubernetesSession(EnvironmentSession):
         place = self._place(service)
         await anyio.to_thread.run_sync(validate_dir, local_dir)
         root = self._absolute(remote_dir, place.workdir)
-        await self._stream_in(place.target, root, pack_dir(local_dir), root=True)
+        await self._stream_in(place, root, pack_dir(local_dir), root=True)
 
     async def download(
         self,
@@ -262,7 +275,7 @@ class KubernetesSession(EnvironmentSession):
         """
         place = self._place(service)
         source = self._absolute(remote, place.workdir)
-        sized = await self._plain(place, ["sh", "-c", _SIZE, "sh", source])
+        sized = await self._plain(place, place.script(_SIZE, source))
         if sized.returncode == MISSING:
             raise RemotePathNotFound(remote)
         if sized.returncode == IS_DIR:
@@ -274,7 +287,7 @@ class KubernetesSession(EnvironmentSession):
 
         def read_range(index: int) -> bytes:
             want = min(RANGE_MIB << 20, size - (index * RANGE_MIB << 20))
-            argv = ["sh", "-c", _RANGE, "sh", source, str(index * RANGE_MIB), str(RANGE_MIB)]
+            argv = place.script(_RANGE, source, str(index * RANGE_MIB), str(RANGE_MIB))
             for _ in range(RANGE_TRIES):
                 data = b"".join(d for n, d in ExecStream(place.target, argv) if n == "stdout")
                 if len(data) == want:
@@ -293,11 +306,11 @@ class KubernetesSession(EnvironmentSession):
     ) -> None:
         place = self._place(service)
         source = self._absolute(remote_dir, place.workdir)
-        check = ["sh", "-c", '[ -d "$1" ] || exit 44', "sh", source]
+        check = place.script('[ -d "$1" ] || exit 44', source)
         probe = await self._plain(place, check)
         if probe.returncode == MISSING:
             raise RemotePathNotFound(remote_dir)
-        execution = ExecStream(place.target, ["sh", "-c", _TAR, "sh", source])
+        execution = ExecStream(place.target, place.script(_TAR, source))
 
         def extract() -> None:
             frames = iter(execution)
