@@ -109,17 +109,19 @@ def escaping_links(dest: Path) -> list[str]:
     return found
 
 
-async def sh(sandbox: EnvironmentSession, script: str) -> str:
-    result = await sandbox.exec(script)
+async def sh(sandbox: EnvironmentSession, script: str, service: str | None = None) -> str:
+    result = await sandbox.exec(script, service=service)
     assert result.returncode == 0, result
     return result.stdout
 
 
-async def refused_download(sandbox: EnvironmentSession, remote_dir: str, host: Path) -> None:
+async def refused_download(
+    sandbox: EnvironmentSession, remote_dir: str, host: Path, service: str | None = None
+) -> None:
     """download_dir of `remote_dir` into `host_tree(host)` is refused, changing nothing."""
     dest = host_tree(host)
     before = snapshot(host, skip=dest)
     with pytest.raises(UnsafeArchiveMember, match="would land outside"):
-        await sandbox.download_dir(remote_dir, dest)
+        await sandbox.download_dir(remote_dir, dest, service=service)
     assert snapshot(host, skip=dest) == before
     assert not dest.exists()

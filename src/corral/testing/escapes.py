@@ -1,4 +1,5 @@
-"""The escape catalogue: named ways a root agent tries to get out of its network policy.
+"""The escape catalogue: named ways a root agent tries to get out of its network policy,
+or to put its own code where corral runs its programs inside the sandbox.
 
 Each technique is a shell script run as root inside a sandbox whose policy forbids the
 `denied` destinations. It exits 0 only if it got a byte-level answer from a place the
@@ -97,6 +98,39 @@ def _link_local_gateway(port: int) -> str:
     )
 
 
+#: corral's read-only programs in the sandbox (Docker and Kubernetes); their absence counts
+#: as an escape, so a sandbox without them can never read as "blocked".
+PROGRAMS = "/.corral"
+_PROGRAMS_THERE = f'[ -x {PROGRAMS}/busybox ] || {{ echo "no {PROGRAMS}/busybox"; exit 0; }}; '
+
+
+def _own_programs() -> list[Technique]:
+    """Ways to put the agent's code where corral runs its own (security round 3)."""
+    replace = (
+        f'for f in {PROGRAMS}/*; do cp /bin/true "$f" 2>/dev/null && exit 0; '
+        f'mv -f /bin/true "$f" 2>/dev/null && exit 0; done; exit 1'
+    )
+    return [
+        Technique("replace-corral-programs", _PROGRAMS_THERE + replace),
+        Technique(
+            "remount-corral-programs-rw",
+            _PROGRAMS_THERE + f"mount -o remount,rw {PROGRAMS} && touch {PROGRAMS}/x",
+        ),
+        Technique(
+            "unmount-corral-programs",
+            _PROGRAMS_THERE + f"umount -l {PROGRAMS} && [ ! -x {PROGRAMS}/busybox ]",
+        ),
+        Technique(
+            "cover-corral-programs",
+            _PROGRAMS_THERE + f"mount -t tmpfs none {PROGRAMS} && touch {PROGRAMS}/x",
+        ),
+        Technique(
+            "rename-corral-programs",
+            _PROGRAMS_THERE + f"mv {PROGRAMS} /corral-moved && mkdir {PROGRAMS}",
+        ),
+    ]
+
+
 def catalogue(t: EscapeTargets) -> list[Technique]:
     """Every technique; those aimed at IPv6 only when `t.denied_ip6` is set (a provider
     whose sandboxes have no IPv6 address cannot be tried over it)."""
@@ -161,6 +195,7 @@ def catalogue(t: EscapeTargets) -> list[Technique]:
         Technique("ptrace-outside-processes", _PTRACE_OUTSIDE),
         Technique("nsenter-init", f'nsenter --target 1 --net --mount sh -c "{dial}"'),
         Technique("docker-socket", "test -S /var/run/docker.sock || test -S /run/docker.sock"),
+        *_own_programs(),
     ]
     if t.denied_ip6:
         return techniques

@@ -102,7 +102,7 @@ async def test_exec_and_file_calls_land_in_the_named_container(
         # PID 1 tells the containers apart: corral's gate shell, or the service's server.
         main_init = await session.exec(["cat", "/proc/1/cmdline"])
         web_init = await session.exec(["cat", "/proc/1/cmdline"], service="web")
-        assert main_init.stdout.split("\0")[:2] == ["sh", "-c"]
+        assert main_init.stdout.split("\0")[:3] == ["/.corral/busybox", "sh", "-c"]
         assert web_init.stdout.split("\0")[:3] == ["python3", "-m", "http.server"]
         assert (await session.exec(["pwd"], service="web")).stdout == "/srv\n"
         assert (await session.exec(["pwd"], cwd="sub/..", service="web")).stdout == "/srv\n"

@@ -58,6 +58,11 @@ _RUN = (
     'cd "$1" && { n=$2; shift 2; while [ "$n" -gt 0 ]; do export "$1"; shift; '
     "n=$((n - 1)); done; " + EXEC_ON_PATH + "; }"
 )
+# busybox's shell counts itself in SHLVL (the image's `sh` may not): undone, so that the
+# command sees the container's environment as a plain exec would.
+_UNDO_SHLVL = (
+    'SHLVL=$((${SHLVL:-1} - 1)); if [ "$SHLVL" -gt 0 ]; then export SHLVL; else unset SHLVL; fi; '
+)
 
 
 class Target:
@@ -93,7 +98,8 @@ def wrapped(
 ) -> list[str]:
     """`args` run in `cwd` with `env` and the tree marker (the exec API has neither)."""
     assignments = [f"{MARKER}={marker}", *(f"{k}={v}" for k, v in env.items())]
-    return [*shell, "-c", _RUN, "sh", cwd or ".", str(len(assignments)), *assignments, *args]
+    script = _RUN if shell == ("sh",) else _UNDO_SHLVL + _RUN
+    return [*shell, "-c", script, "sh", cwd or ".", str(len(assignments)), *assignments, *args]
 
 
 def exit_code(status: str) -> int | None:

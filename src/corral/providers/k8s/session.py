@@ -7,6 +7,7 @@ directory; the policy covers them all, as it selects the Pod.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import tarfile
 import tempfile
@@ -53,7 +54,7 @@ from corral.providers.k8s.execution import (
     run_blocking_exec,
 )
 from corral.providers.k8s.forward import PortForwarder
-from corral.providers.k8s.pod import corral_sh
+from corral.providers.k8s.pod import BUSYBOX, corral_sh
 from corral.providers.k8s.reaper import Reaper
 
 MISSING = 44
@@ -61,10 +62,15 @@ IS_DIR = 45
 IS_LINK = 46
 NO_TAR = 127
 # Run by corral's busybox in the sandbox container, by the image's tools in a service
-# (`Place.script`). `tar -x` replaces a symlink at a
-# member's place rather than following it; `$3` = dir refuses a root that is a symlink.
+# (`Place.script`). `$3` = dir refuses a root that is a symlink. Stdin holds first `$4`
+# bytes of the archive's directories (relative, NUL-separated, parents first): a symlink
+# at one's place is removed before the archive goes in, so no member is written through
+# it (busybox's tar would follow it; `dd bs=1` reads no byte past the list). `$5` is the
+# shell that removes them. `tar -x` replaces a symlink at a file member's place.
 _UNTAR = (
-    'mkdir -p "$1" && if [ "$3" = dir ] && [ -L "$1" ]; then exit 46; fi '
+    'mkdir -p "$1" && if [ "$3" = dir ] && [ -L "$1" ]; then exit 46; fi && cd "$1" '
+    '&& dd bs=1 count="$4" 2>/dev/null | xargs -0 -r $5 -c '
+    """'for d; do if [ -L "$d" ]; then rm -f "$d"; fi; done' sh """
     '&& head -c "$2" | tar -x -f - -C "$1"'
 )
 _TAR = '[ -d "$1" ] || exit 44; cd "$1" && exec tar -c -f - .'
@@ -199,18 +205,27 @@ class KubernetesSession(EnvironmentSession):
         return await PlainExecutor(place.target).run(request)
 
     async def _stream_in(
-        self, place: Place, directory: str, chunks: Iterator[bytes], *, root: bool
+        self,
+        place: Place,
+        directory: str,
+        chunks: Iterator[bytes],
+        *,
+        root: bool,
+        dirs: tuple[str, ...] = (),
     ) -> None:
         """Spool the tar (to learn its length), then send it over stdin, length-bounded.
 
-        `root`: `directory` is the upload's root, which must not be a symlink.
+        `root`: `directory` is the upload's root, which must not be a symlink. `dirs`: the
+        archive's directories, relative to it, parents first (see `_UNTAR`).
         """
+        listed = b"".join(d.encode() + b"\0" for d in dirs)
         with tempfile.TemporaryFile() as spool:
 
             def write() -> int:
+                spool.write(listed)
                 for chunk in chunks:
                     spool.write(chunk)
-                size = spool.tell()
+                size = spool.tell() - len(listed)
                 spool.seek(0)
                 return size
 
@@ -221,7 +236,14 @@ class KubernetesSession(EnvironmentSession):
                 self.target.tokens,
                 run_blocking_exec,
                 place.target,
-                place.script(_UNTAR, directory, str(size), "dir" if root else ""),
+                place.script(
+                    _UNTAR,
+                    directory,
+                    str(size),
+                    "dir" if root else "",
+                    str(len(listed)),
+                    f"{BUSYBOX} sh" if place.corral_s else "sh",
+                ),
                 frames,
                 None,
                 lambda name, data: stderr.feed(data) if name == "stderr" else None,
@@ -248,15 +270,15 @@ class KubernetesSession(EnvironmentSession):
     async def upload_dir(
         self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
     ) -> None:
-        """Unpacked by the Pod's `tar`, which a root workload can replace: what lands
-        where is then its choice. Against links it planted, the root may not be one and
-        members replace links at their places; the parents of the root are followed as
-        the Pod resolves them (the image's own `/bin -> usr/bin` among them).
+        """Unpacked by corral's busybox `tar` (a service's own `tar` in a service). Against
+        links the workload planted, the root may not be one and members replace links at
+        their places; the parents of the root are followed as the Pod resolves them (the
+        image's own `/bin -> usr/bin` among them).
         """
         place = self._place(service)
-        await anyio.to_thread.run_sync(validate_dir, local_dir)
+        dirs = await anyio.to_thread.run_sync(_directories, local_dir)
         root = self._absolute(remote_dir, place.workdir)
-        await self._stream_in(place, root, pack_dir(local_dir), root=True)
+        await self._stream_in(place, root, pack_dir(local_dir), root=True, dirs=dirs)
 
     async def download(
         self,
@@ -378,6 +400,18 @@ class KubernetesSession(EnvironmentSession):
 
         paths = saved_paths(self.snapshot_paths, self.workdir)
         return await self.snapshots.write(self.id, paths, fill)
+
+
+def _directories(local_dir: str | Path) -> tuple[str, ...]:
+    """The tree's directories below its root, relative, parents first (blocking; checks
+    the tree as `validate_dir` does)."""
+    validate_dir(local_dir)
+    base = Path(local_dir)
+    found: list[str] = []
+    for parent, names, _ in os.walk(base):
+        names.sort()
+        found.extend(str((Path(parent) / name).relative_to(base)) for name in names)
+    return tuple(found)
 
 
 def saved_paths(configured: tuple[str, ...] | None, workdir: str) -> tuple[str, ...]:
