@@ -83,10 +83,17 @@ class ExecResult(BaseModel):
 def argv(command: Command) -> list[str]:
     """A list runs as is; a string runs through `sh -c`."""
     if isinstance(command, str):
-        return ["sh", "-c", command]
-    args = list(command)
-    if not args or not all(isinstance(a, str) for a in args):  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise ValueError(f"command {command!r} must be a string or a non-empty list of strings")
+        if not command.strip():
+            raise ValueError(f"command {command!r} is empty: give the shell something to run")
+        args = ["sh", "-c", command]
+    else:
+        args = list(command)
+        if not args or not all(isinstance(a, str) for a in args):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(
+                f"command {command!r} must be a string or a non-empty list of strings"
+            )
+        if not args[0]:
+            raise ValueError(f"command {command!r} names no program (its first item is empty)")
     if any("\0" in arg for arg in args):
         raise ValueError(f"command {command!r} must not contain a NUL byte")
     return args

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -22,6 +22,8 @@ class NetworkMode(StrEnum):
 
 
 TargetLike = str | Mapping[str, Any] | NetworkTarget
+#: what a policy field accepts: a policy, `"public"`, `"allowlist:host,host"`, a mapping
+PolicyLike: TypeAlias = "NetworkPolicy | str | Mapping[str, Any]"
 
 
 class NetworkPolicy(BaseModel):
@@ -129,6 +131,18 @@ class NetworkSchedule(BaseModel):
             if getattr(self, phase) is None:
                 object.__setattr__(self, phase, self.baseline)
         return self
+
+    if TYPE_CHECKING:
+        # What the validators accept, so that the documented forms type-check:
+        # NetworkSchedule(baseline="public", run="allowlist:api.example.com:443").
+        def __init__(
+            self,
+            *,
+            baseline: PolicyLike = ...,
+            run: PolicyLike | None = None,
+            evaluation: PolicyLike | None = None,
+            evaluation_baseline: PolicyLike | None = None,
+        ) -> None: ...
 
     def policy(self, phase: Phase) -> NetworkPolicy:
         value: NetworkPolicy | None = getattr(self, phase)

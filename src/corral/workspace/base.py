@@ -77,6 +77,12 @@ class Binding(Generic[Opts, S]):
     def __init__(self, options: Opts | None = None, **fields: Any) -> None:
         if options is not None and fields:
             raise ConfigError(f"{type(self).__name__} takes options or fields, not both")
+        if options is not None and not isinstance(options, self.options_model):
+            raise ConfigError(
+                f"{type(self).__name__}({options!r}): give the fields by name "
+                f"({', '.join(self.options_model.model_fields)}), or a "
+                f"{self.options_model.__name__}"
+            )
         if options is None:
             options = cast(Opts, self.options_model.model_validate(fields))
         self.options: Opts = options

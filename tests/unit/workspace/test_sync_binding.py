@@ -219,3 +219,8 @@ async def test_bad_options_name_the_value(local: LocalSession, source: Path) -> 
         SyncBinding(SyncOptions(source=source), path="/x")
     with pytest.raises(FileNotFoundError):
         await SyncBinding(source=source / "missing", path="/x/y").bind(local)
+
+
+def test_a_positional_source_is_refused_naming_the_fields() -> None:
+    with pytest.raises(ConfigError, match=r"SyncBinding\('/path'\): give the fields by name"):
+        SyncBinding("/path")  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]

@@ -27,7 +27,7 @@ from corral.core.session import (
     OutputCallback,
     Stream,
 )
-from corral.errors import ProviderError
+from corral.errors import ConfigError, ProviderError
 from corral.providers.local.cgroup import SessionCgroup
 
 READ_SIZE = 64 * 1024
@@ -65,6 +65,8 @@ async def run_process(
         )
     except FileNotFoundError as exc:
         return _not_found(exc, started)
+    except KeyError:  # subprocess looks `user` up in this host's passwd
+        raise ConfigError(f"exec user {user!r} does not exist on this host") from None
     except (OSError, ValueError) as exc:
         raise ProviderError(f"could not start {args[0]!r}: {exc}") from exc
     assert proc.stdout is not None and proc.stderr is not None
