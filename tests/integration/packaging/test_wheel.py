@@ -29,7 +29,7 @@ def _build(
     source: Path, out: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [_uv(), "build", "--quiet", "--out-dir", str(out), str(source)],
+        [_uv(), "build", "--out-dir", str(out), str(source)],
         capture_output=True,
         text=True,
         timeout=600,
