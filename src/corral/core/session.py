@@ -89,9 +89,7 @@ def argv(command: Command) -> list[str]:
     else:
         args = list(command)
         if not args or not all(isinstance(a, str) for a in args):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(
-                f"command {command!r} must be a string or a non-empty list of strings"
-            )
+            raise ValueError(f"command {command!r} must be a string or a non-empty list of strings")
         if not args[0]:
             raise ValueError(f"command {command!r} names no program (its first item is empty)")
     if any("\0" in arg for arg in args):

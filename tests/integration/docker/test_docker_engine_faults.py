@@ -28,7 +28,11 @@ PLAN = ExecutionPlan(
 )
 API_TIMEOUT_S = 3.0
 #: Creating calls: a retry after a lost answer could make a second one.
-CREATES = {Call("POST", "/containers/create"), Call("POST", "/networks/create")}
+CREATES = {
+    Call("POST", "/containers/create"),
+    Call("POST", "/networks/create"),
+    Call("POST", "/volumes/create"),
+}
 
 
 async def _open_through(owner: str, proxy: EngineFaultProxy) -> tuple[str, float]:

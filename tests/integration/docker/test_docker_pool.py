@@ -111,7 +111,7 @@ async def test_leaving_the_pool_drains_it_and_spares_taken_sandboxes(
     try:
         assert (await session.exec("true")).returncode == 0
         names = leftovers(engine, owner)
-        assert len(names) == 3 and all(session.id in n for n in names), names
+        assert len(names) == 4 and all(session.id in n for n in names), names
     finally:
         await env.close(session)
     assert leftovers(engine, owner) == []
@@ -173,7 +173,7 @@ async def test_gc_collects_pairs_a_dead_process_left_idle(engine: Any, owner: st
         await child.wait()
         await child.aclose()
     made_at = time.time()
-    assert len(leftovers(engine, owner)) == 6
+    assert len(leftovers(engine, owner)) == 8, "two pairs: 2 containers, a network, a volume"
     env = make_env(owner)
     assert await env.gc() == []
     await anyio.sleep(max(0.0, made_at + idle_s + 1 - time.time()))

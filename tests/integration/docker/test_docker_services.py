@@ -354,11 +354,14 @@ async def test_gc_removes_the_services_of_an_expired_session(engine: Any, owner:
     web = f"corral-{session.id}-svc-web"
     # The holder and sandbox end by themselves; the service runs its own command.
     deadline = time.monotonic() + 15
-    while sorted(leftovers(engine, f"{owner}-gc")) != sorted([f"corral-{session.id}", web]):
+    volume = f"corral-{session.id}-programs"
+    while sorted(leftovers(engine, f"{owner}-gc")) != sorted([f"corral-{session.id}", web, volume]):
         assert time.monotonic() < deadline, leftovers(engine, f"{owner}-gc")
         await anyio.sleep(0.25)
     removed = await env.gc()
-    assert sorted(removed) == sorted([f"container {web}", f"network corral-{session.id}"])
+    assert sorted(removed) == sorted(
+        [f"container {web}", f"network corral-{session.id}", f"volume {volume}"]
+    )
     assert leftovers(engine, f"{owner}-gc") == []
     await env.close(session)
 

@@ -123,7 +123,7 @@ async def create_volume(client: Engine, tokens: int, name: str, labels: dict[str
     try:
         await call(tokens, client.api.create_volume, name, labels=labels)
     except APIError as exc:
-        raise ProviderError(f"creating volume {name!r} failed: {exc.explanation}") from None
+        raise ProviderError(f"creating volume {name!r} failed: {exc}") from None
 
 
 async def remove_volume(client: Engine, tokens: int, name: str, session_id: str) -> None:
