@@ -193,8 +193,10 @@ def test_the_pod_never_shares_the_node_and_mounts_no_token_by_default() -> None:
     cfg = KubernetesConfig(service_account="builder")
     spec = manifest("n", "img", ExecutionPlan(image="img"), cfg, {}, ())["spec"]
     assert spec["automountServiceAccountToken"] is False
-    host = {"hostNetwork", "hostPID", "hostIPC", "hostUsers", "volumes", "securityContext"}
+    host = {"hostNetwork", "hostPID", "hostIPC", "hostUsers", "securityContext"}
     assert host.isdisjoint(spec)
+    # The one volume is corral's programs, an emptyDir: nothing of the node's.
+    assert spec["volumes"] == [{"name": "corral-programs", "emptyDir": {"sizeLimit": "64Mi"}}]
     assert set(spec["containers"][0]) == {
         "name",
         "image",
@@ -203,6 +205,7 @@ def test_the_pod_never_shares_the_node_and_mounts_no_token_by_default() -> None:
         "env",
         "securityContext",
         "resources",
+        "volumeMounts",
     }
     token = KubernetesConfig(service_account="builder", unsafe_service_account_token=True)
     assert manifest("n", "img", ExecutionPlan(image="img"), token, {}, ())["spec"][

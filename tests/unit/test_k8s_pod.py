@@ -34,7 +34,15 @@ def test_the_probe_container_shares_only_the_network() -> None:
     security = prober["securityContext"]
     assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"]
     assert security["capabilities"] == {"drop": ["ALL"]}
-    assert "volumeMounts" not in prober and "shareProcessNamespace" not in spec
+    assert "shareProcessNamespace" not in spec
+    # Its one volume is corral's programs (read-only in the sandbox), nothing of the node.
+    assert prober["volumeMounts"] == [{"name": "corral-programs", "mountPath": "/corral"}]
+    assert sandbox["volumeMounts"] == [
+        {"name": "corral-programs", "mountPath": "/.corral", "readOnly": True}
+    ]
+    assert spec["volumes"] == [{"name": "corral-programs", "emptyDir": {"sizeLimit": "64Mi"}}]
+    (init,) = spec["initContainers"]
+    assert init["image"] == "probe:1" and init["securityContext"] == security
 
 
 def test_names_and_resolvers_come_from_the_config() -> None:
@@ -143,11 +151,17 @@ def test_a_service_that_fails_to_start_is_named() -> None:
         full = {"waiting": None, "terminated": None, "running": None, **state}
         return SimpleNamespace(name=name, image="x", state=SimpleNamespace(**full))
 
-    def pod(*statuses: Any) -> Any:
+    def pod(*statuses: Any, init: tuple[Any, ...] = ()) -> Any:
         return SimpleNamespace(
-            spec=SimpleNamespace(containers=[SimpleNamespace(name="svc-db", image="db:1")]),
+            spec=SimpleNamespace(
+                init_containers=[SimpleNamespace(name="corral-programs", image="probe:1")],
+                containers=[SimpleNamespace(name="svc-db", image="db:1")],
+            ),
             status=SimpleNamespace(
-                conditions=[], container_statuses=list(statuses), phase="Pending"
+                conditions=[],
+                init_container_statuses=list(init),
+                container_statuses=list(statuses),
+                phase="Pending",
             ),
         )
 
@@ -159,3 +173,7 @@ def test_a_service_that_fails_to_start_is_named() -> None:
     cause = fatal(pod(status("svc-db", terminated=ended)))
     assert cause is not None and cause.startswith("service 'db': container svc-db exited with")
     assert "must keep running" in cause
+    done = SimpleNamespace(exit_code=0, reason="Completed")
+    assert fatal(pod(init=(status("corral-programs", terminated=done),))) is None
+    failed = fatal(pod(init=(status("corral-programs", terminated=ended),)))
+    assert failed is not None and "probe_image must hold /bin/busybox" in failed
