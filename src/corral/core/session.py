@@ -339,6 +339,17 @@ class EnvironmentSession(abc.ABC):
         self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
     ) -> None: ...
 
+    def resolve_path(self, path: str) -> str:
+        """`path` as the sandbox's own commands must be given it: itself where the sandbox
+        has its own filesystem; on `local`, where the session's root holds it."""
+        return path
+
+    async def remove(self, path: str) -> None:
+        """Remove `path` in the sandbox, a file or a whole tree; a missing path is no error."""
+        result = await self.exec(["rm", "-rf", "--", path])
+        if not result.ok:
+            raise ProviderError(f"cannot remove {path!r} in the sandbox: {result.stderr.strip()}")
+
     async def write_text(self, path: str, text: str, *, service: str | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix="corral-") as tmp:
             local = Path(tmp) / "file"

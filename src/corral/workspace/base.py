@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral.core.session import EnvironmentSession
 from corral.core.treelimits import DEFAULT_LIMITS, TreeLimits
-from corral.errors import ConfigError, ProviderError
+from corral.errors import ConfigError
 from corral.workspace import reservations
 from corral.workspace.models import BoundWorkspace, WorkspaceRevision
 
@@ -128,10 +128,3 @@ class Binding(Generic[Opts, S]):
     async def observe_revision(self, bound: BoundWorkspace) -> WorkspaceRevision:
         """The workspace's state now, without changing it (unsupported by default)."""
         return WorkspaceRevision(supported=False)
-
-
-async def empty_sandbox_path(session: EnvironmentSession, path: str) -> None:
-    """Remove what the image left at `path`, so the sandbox holds exactly what is bound."""
-    result = await session.exec(["rm", "-rf", "--", path])
-    if not result.ok:
-        raise ProviderError(f"cannot empty {path!r} in the sandbox: {result.stderr.strip()}")

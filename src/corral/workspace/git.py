@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 from corral.core.session import EnvironmentSession
 from corral.errors import ConfigError
 from corral.workspace import reservations
-from corral.workspace.base import Binding, LimitedOptions, empty_sandbox_path
+from corral.workspace.base import Binding, LimitedOptions
 from corral.workspace.gitcli import git, text
 from corral.workspace.models import BoundWorkspace, GitState, WorkspaceRevision, WorkspaceSnapshot
 from corral.workspace.retrieve import remove_tree, retrieved
@@ -112,7 +112,7 @@ class GitRepositoryBinding(Binding[GitOptions, _Bind]):
         )
         try:
             state = await self._checkout(holder / "repo", target)
-            await empty_sandbox_path(session, target)
+            await session.remove(target)  # the image's files there: only what is bound stays
             await session.upload_dir(state.clone, target)
         except BaseException:
             reservations.release(key)

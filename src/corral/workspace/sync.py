@@ -15,7 +15,7 @@ from corral.core.tarsafe import validate_dir
 from corral.errors import ConfigError
 from corral.workspace import reservations
 from corral.workspace.apply import ConflictPolicy, apply, decide
-from corral.workspace.base import Binding, LimitedOptions, empty_sandbox_path
+from corral.workspace.base import Binding, LimitedOptions
 from corral.workspace.manifest import Manifest, scan
 from corral.workspace.models import (
     BoundWorkspace,
@@ -116,7 +116,7 @@ class SyncBinding(Binding[SyncOptions, _Bind]):
 
             manifest = await anyio.to_thread.run_sync(stage)
             if options.clean_target == "always":
-                await empty_sandbox_path(session, target)
+                await session.remove(target)  # the image's files there: only what is bound stays
             await session.upload_dir(staged, target)
             return manifest
         finally:

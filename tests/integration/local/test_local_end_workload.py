@@ -79,7 +79,7 @@ async def test_nothing_from_the_run_phase_survives_into_evaluation(shared_dir: P
             assert isinstance(session, LocalSession)
             for prefix, user in USERS.items():
                 loops = start_loops(LAUNCH, str(shared_dir), prefix)
-                started = await session.exec(loops, user=user, cwd=str(shared_dir))
+                started = await session.exec(loops, user=user)
                 assert started.ok, started.stderr
             first = counters(shared_dir)
             await anyio.sleep(1)

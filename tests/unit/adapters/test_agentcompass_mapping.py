@@ -24,6 +24,7 @@ from corral.adapters.agentcompass.mapping import (
 )
 from corral.adapters.agentcompass.registration import register
 from corral.network import NetworkMode
+from corral.providers.local.session import LocalSession
 from tests.unit.adapters.agentcompass_standin import NetworkPolicy, contract
 
 pytestmark = pytest.mark.anyio
@@ -92,13 +93,15 @@ def test_register_offers_installed_providers_with_their_capabilities() -> None:
 async def test_open_exec_files_close_on_local(tmp_path: Any) -> None:
     env, session = await _open_local(tmp_path)
     inner = session.inner
+    assert isinstance(inner, LocalSession)
+    workdir = inner.workspace / str(tmp_path).lstrip("/")  # local keeps paths in its root
     result = await session.exec(["sh", "-c", "pwd; echo $X"], env={"X": "y"})
-    assert (result.returncode, result.stdout) == (0, f"{tmp_path}\ny\n")
+    assert (result.returncode, result.stdout) == (0, f"{workdir}\ny\n")
     assert (await session.exec("exit 3", shell=True)).returncode == 3
     with pytest.raises(ValueError, match="flags"):
         await session.exec(["true"], flags={"tty": True})
     await session.write_text("a/b.txt", "text")
-    assert (tmp_path / "a" / "b.txt").read_text() == "text"
+    assert (workdir / "a" / "b.txt").read_text() == "text"
     assert await session.close()
     assert inner.closed
     with pytest.raises(RuntimeError, match="corral gc"):

@@ -11,7 +11,7 @@ from corral.providers.local.session import LocalSession
 
 @pytest.fixture
 async def local() -> AsyncIterator[LocalSession]:
-    """A `local` sandbox: its paths are host paths, so tests can also act as the host."""
+    """A `local` sandbox: paths inside its root are host paths, so tests can act as the host."""
     async with ENVIRONMENTS.create("local").session(ExecutionPlan()) as session:
         assert isinstance(session, LocalSession)
         yield session

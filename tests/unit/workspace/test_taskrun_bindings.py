@@ -119,7 +119,7 @@ async def test_a_sync_binding_through_a_task_run(tmp_path: Path) -> None:
     async with TaskRun(env, ExecutionPlan(), bindings=[binding]) as run:
         (bound,) = run.workspaces
         async with run.running() as sandbox:
-            await sh(sandbox, f"cd {bound.path} && echo solved > task.txt")
+            await sh(sandbox, f"cd {sandbox.resolve_path(bound.path)} && echo solved > task.txt")
     (snapshot,) = run.snapshots
     assert snapshot.sync.written == ("task.txt",)
     assert tree(source) == {"task.txt": "solved\n"}

@@ -39,7 +39,10 @@ async def write_file(
 ) -> None:
     data = contents.encode("utf-8") if isinstance(contents, str) else contents
     result = await session.exec(
-        [SHELL, "-c", _WRITE, "sh", file], stdin=data, timeout=WRITE_TIMEOUT_S, service=service
+        [SHELL, "-c", _WRITE, "sh", _placed(session, file, service)],
+        stdin=data,
+        timeout=WRITE_TIMEOUT_S,
+        service=service,
     )
     if result.timed_out:
         raise TimeoutError(f"writing {file!r} took longer than {WRITE_TIMEOUT_S} s")
@@ -73,7 +76,9 @@ async def read_file(session: EnvironmentSession, file: str, *, service: str | No
 
 async def _check_readable(session: EnvironmentSession, file: str, service: str | None) -> None:
     result = await session.exec(
-        [SHELL, "-c", _CHECK, "sh", file], timeout=CHECK_TIMEOUT_S, service=service
+        [SHELL, "-c", _CHECK, "sh", _placed(session, file, service)],
+        timeout=CHECK_TIMEOUT_S,
+        service=service,
     )
     verdict = result.stdout.split()
     if result.returncode != 0 or not verdict:
@@ -87,3 +92,8 @@ async def _check_readable(session: EnvironmentSession, file: str, service: str |
             return
         case _:
             raise PermissionError(errno.EACCES, "Permission denied", file)
+
+
+def _placed(session: EnvironmentSession, file: str, service: str | None) -> str:
+    # A service has its own filesystem; the sandbox's may be the host's (`local`).
+    return file if service is not None else session.resolve_path(file)

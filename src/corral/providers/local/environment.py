@@ -32,6 +32,7 @@ from corral.network.policy import NetworkMode
 from corral.providers.local.cgroup import SessionCgroup
 from corral.providers.local.config import LocalConfig
 from corral.providers.local.netns import netns_available
+from corral.providers.local.paths import host_path
 from corral.providers.local.session import LocalSession
 
 
@@ -64,15 +65,14 @@ class LocalEnvironment(BaseEnvironment):
     ) -> EnvironmentSession:
         session_id = session_id or new_session_id()
         root = self.config.root_dir or Path(tempfile.gettempdir())
-        workspace = Path(
-            await anyio.to_thread.run_sync(
-                lambda: tempfile.mkdtemp(prefix=f"corral-{session_id}-", dir=root)
-            )
+        # Resolved: every sandbox path is held inside it (`paths.host_path`).
+        workspace = await anyio.to_thread.run_sync(
+            lambda: Path(tempfile.mkdtemp(prefix=f"corral-{session_id}-", dir=root)).resolve()
         )
         owned.push_async_callback(_remove_tree, workspace)
         tmp_dir = workspace / ".tmp"
         tmp_dir.mkdir()
-        workdir = Path(plan.workdir) if plan.workdir else workspace
+        workdir = host_path(workspace, workspace, plan.workdir) if plan.workdir else workspace
         workdir.mkdir(parents=True, exist_ok=True)
         inherited = {k: os.environ[k] for k in self.config.inherit_env if k in os.environ}
         env: dict[str, Any] = {

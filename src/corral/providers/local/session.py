@@ -23,6 +23,7 @@ from corral.errors import ConfigError, FeatureUnsupported, RemotePathNotFound
 from corral.network.policy import NetworkMode, NetworkPolicy
 from corral.providers.local.cgroup import SessionCgroup
 from corral.providers.local.netns import isolated
+from corral.providers.local.paths import host_path
 from corral.providers.local.process import run_process
 
 
@@ -57,11 +58,8 @@ class LocalSession(EnvironmentSession):
         """A path inside the session's tmp dir; absolute paths and `..` are refused."""
         return resolve_within(self.tmp_dir, relative)
 
-    def _path(self, remote: str) -> Path:
-        if not remote or "\0" in remote:
-            raise ConfigError(f"sandbox path {remote!r} is not valid")
-        path = Path(remote)
-        return path if path.is_absolute() else self.workdir / path
+    def _path(self, remote: str, *, follow: bool = True) -> Path:
+        return host_path(self.workspace, self.workdir, remote, follow=follow)
 
     async def _exec(self, request: ExecRequest) -> ExecResult:
         args = list(request.args)
@@ -139,6 +137,22 @@ class LocalSession(EnvironmentSession):
                     copy_at_most(src, out, size)
 
         await anyio.to_thread.run_sync(copy)
+
+    def resolve_path(self, path: str) -> str:
+        return str(self._path(path))
+
+    async def remove(self, path: str) -> None:
+        target = self._path(path, follow=False)
+        if target == self.workspace:
+            raise ConfigError(f"sandbox path {path!r} is the session's root; it stays")
+
+        def remove() -> None:
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
+
+        await anyio.to_thread.run_sync(remove)
 
     async def write_text(self, path: str, text: str, *, service: str | None = None) -> None:
         self.service_name(service)
