@@ -15,6 +15,7 @@ unified host, `/sys/fs/cgroup/unified` on a hybrid one); where that is not writa
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
@@ -48,6 +49,16 @@ def _hierarchy() -> Path:
     if relative.startswith(".."):
         raise FeatureUnsupported(f"corral's cgroup {own[0]!r} is outside the mounted hierarchy")
     return Path(mount_point, relative)
+
+
+@functools.cache
+def cgroup_available() -> bool:
+    """Probe once whether corral may make session cgroups here."""
+    try:
+        SessionCgroup.create(f"corral-probe-{os.getpid()}").path.rmdir()
+    except (FeatureUnsupported, OSError):
+        return False
+    return True
 
 
 class SessionCgroup:
@@ -85,15 +96,19 @@ class SessionCgroup:
         events = (self.path / "cgroup.events").read_text().split()
         return events[events.index("populated") + 1] != "0"
 
+    def alive(self) -> list[int]:
+        """The pids in the cgroup (a process that has exited is gone from it)."""
+        return [int(pid) for pid in (self.path / "cgroup.procs").read_text().split()]
+
     async def kill(self, timeout_s: float) -> None:
         """Kill every process in the cgroup, then wait until the kernel shows it empty."""
         (self.path / "cgroup.kill").write_text("1")
         deadline = time.monotonic() + timeout_s
         while self.populated():
             if time.monotonic() > deadline:
-                pids = (self.path / "cgroup.procs").read_text().split()
+                pids = ", ".join(map(str, self.alive()))
                 raise WorkloadNotStopped(
-                    f"processes {', '.join(pids)} of cgroup {str(self.path)!r} were still "
+                    f"processes {pids} of cgroup {str(self.path)!r} were still "
                     f"alive {timeout_s:.0f} s after cgroup.kill"
                 )
             await anyio.sleep(POLL_S)
