@@ -15,9 +15,8 @@ import anyio
 import pytest
 
 from corral import EnvironmentSession, ExecutionPlan, TaskRun
-from corral.errors import FeatureUnsupported
 from corral.providers.local import LocalEnvironment
-from corral.providers.local import cgroup as local_cgroup
+from corral.providers.local.cgroup import SessionCgroup
 from corral.providers.local.session import LocalSession
 from tests.integration.conftest import unavailable
 from tests.integration.leftovers import LAUNCH, start_loops
@@ -58,8 +57,8 @@ def shared_dir() -> Iterator[Path]:
 
 
 def in_cgroup(session: LocalSession) -> list[str]:
-    assert not isinstance(session.cgroup, FeatureUnsupported), session.cgroup
-    return (session.cgroup.path / "cgroup.procs").read_text().split()
+    assert isinstance(session.processes, SessionCgroup), session.processes
+    return (session.processes.path / "cgroup.procs").read_text().split()
 
 
 async def test_nothing_from_the_run_phase_survives_into_evaluation(shared_dir: Path) -> None:
@@ -106,20 +105,10 @@ async def test_close_kills_what_the_session_left_running(shared_dir: Path) -> No
     started = await session.exec(start_loops(LAUNCH, str(shared_dir)))
     assert started.ok, started.stderr
     assert in_cgroup(session) != []
-    cgroup = session.cgroup
-    assert not isinstance(cgroup, FeatureUnsupported)
+    cgroup = session.processes
+    assert isinstance(cgroup, SessionCgroup), cgroup
     await env.close(session)
     assert not cgroup.path.exists()
     settled = counters(shared_dir)
     await anyio.sleep(0.5)
     assert counters(shared_dir) == settled
-
-
-async def test_without_a_writable_cgroup_ending_a_phase_is_refused(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(local_cgroup, "_hierarchy", lambda: Path("/proc/1"))
-    async with LocalEnvironment().session(ExecutionPlan()) as session:
-        assert (await session.exec("echo ok")).stdout == "ok\n"
-        with pytest.raises(FeatureUnsupported, match="needs a writable cgroup v2"):
-            await session.end_workload()

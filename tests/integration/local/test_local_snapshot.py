@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from corral import ConfigError, ExecutionPlan, NetworkSchedule, SnapshotRef
-from corral.errors import FeatureUnsupported
 from corral.providers.local import LocalEnvironment
+from corral.providers.local.cgroup import SessionCgroup
 from corral.providers.local.session import LocalSession
 from tests.integration.conftest import unavailable
 
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.anyio
 
 
 def procs(session: LocalSession) -> list[str]:
-    assert not isinstance(session.cgroup, FeatureUnsupported), session.cgroup
-    return (session.cgroup.path / "cgroup.procs").read_text().split()
+    assert isinstance(session.processes, SessionCgroup), session.processes
+    return (session.processes.path / "cgroup.procs").read_text().split()
 
 
 async def test_a_fork_has_the_files_and_none_of_the_processes(tmp_path: Path) -> None:

@@ -3,9 +3,10 @@
 It runs commands as process trees on this host. It is not a security boundary for the
 filesystem: a command can read and write anything the host user can. Its one enforced
 network restriction is `no-network`, through a fresh network namespace per exec, and it
-is declared only where a probe shows the host allows one. Where the host lets corral make
-a cgroup (root), every exec of a session runs in the session's own, which `end_workload`
-and `close` empty.
+is declared only where a probe shows the host allows one (root, or unprivileged user
+namespaces). Every exec of a session runs in the session's own cgroup where the host lets
+corral make one (root), else in the session's own PID namespace (any user, where user
+namespaces are allowed); `end_workload` and `close` end everything in it.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from corral.core.snapshot_store import SnapshotShelf, default_root
 from corral.errors import FeatureUnsupported
 from corral.network.capabilities import NetworkCapabilities
 from corral.network.policy import NetworkMode
-from corral.providers.local.cgroup import SessionCgroup
+from corral.providers.local.cgroup import SessionCgroup, cgroup_available
 from corral.providers.local.config import LocalConfig
 from corral.providers.local.netns import netns_available
 from corral.providers.local.paths import host_path
+from corral.providers.local.pidns import SessionPidNamespace, pidns_available
 from corral.providers.local.session import LocalSession
 
 
@@ -45,10 +47,21 @@ class _ProbedModes:
         return frozenset({NetworkMode.PUBLIC})
 
 
+class _ProbedSwitch:
+    """`supports_dynamic_network_policy`: only where every process of a session can be
+    seen, so a switch can be refused while one started under the old policy lives on."""
+
+    def __get__(self, obj: object, owner: type | None = None) -> bool:
+        return NetworkMode.NO_NETWORK in _ProbedModes().__get__(obj, owner) and (
+            cgroup_available() or pidns_available()
+        )
+
+
 class LocalEnvironment(BaseEnvironment):
     id: ClassVar[str] = "local"
     config_model = LocalConfig
     supported_network_modes = _ProbedModes()  # type: ignore[assignment]
+    supports_dynamic_network_policy = _ProbedSwitch()  # type: ignore[assignment]
     isolates_sessions = False  # processes of one host share its network
     # A session lives as long as the process that opened it (its cgroup and children are
     # that process's), so another process cannot reattach; a saved workspace can be forked.
@@ -58,7 +71,11 @@ class LocalEnvironment(BaseEnvironment):
 
     @classmethod
     def network_capabilities(cls) -> NetworkCapabilities:
-        return NetworkCapabilities(provider=cls.id, modes=cls.supported_network_modes)
+        return NetworkCapabilities(
+            provider=cls.id,
+            modes=cls.supported_network_modes,
+            dynamic=cls.supports_dynamic_network_policy,
+        )
 
     async def _open(
         self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
@@ -81,13 +98,7 @@ class LocalEnvironment(BaseEnvironment):
             "TMPDIR": str(tmp_dir),
             **plain_env(plan.env),
         }
-        cgroup: SessionCgroup | FeatureUnsupported
-        try:
-            cgroup = await anyio.to_thread.run_sync(SessionCgroup.create, f"corral-{session_id}")
-        except FeatureUnsupported as exc:
-            cgroup = exc
-        else:
-            owned.push_async_callback(cgroup.remove, self.config.end_workload_timeout_s)
+        processes = await anyio.to_thread.run_sync(_session_processes, session_id)
         session = LocalSession(
             id=session_id,
             policy=plan.network.baseline,
@@ -96,10 +107,11 @@ class LocalEnvironment(BaseEnvironment):
             env=env,
             default_timeout=plan.timeouts.operation_s,
             output_limit=self.config.output_limit_bytes,
-            cgroup=cgroup,
+            processes=processes,
             end_workload_timeout_s=self.config.end_workload_timeout_s,
             shelf=self._shelf(),
         )
+        owned.push_async_callback(session.end_processes)
         session.image = "host"
         return session
 
@@ -123,6 +135,19 @@ class LocalEnvironment(BaseEnvironment):
             owner=cfg.owner,
             lifetime_s=cfg.snapshot_lifetime_s,
         )
+
+
+def _session_processes(
+    session_id: str,
+) -> SessionCgroup | SessionPidNamespace | FeatureUnsupported:
+    """Where the session's processes are kept, or why they cannot be."""
+    try:
+        return SessionCgroup.create(f"corral-{session_id}")
+    except FeatureUnsupported as cgroup_missing:
+        try:
+            return SessionPidNamespace.start()
+        except FeatureUnsupported as pidns_missing:
+            return FeatureUnsupported(f"{cgroup_missing}; and {pidns_missing}")
 
 
 async def _remove_tree(path: Path) -> None:

@@ -1,4 +1,10 @@
-"""A `local` sandbox: a workspace directory and one process group per exec."""
+"""A `local` sandbox: a workspace directory and one process group per exec.
+
+Its processes are kept where a phase's end can reach them all: the session's cgroup
+(root), else its PID namespace (`pidns`). Either one also shows whether any is alive,
+which is what lets the policy switch: `no-network` is a namespace each exec is started
+in, so a switch may not leave a process running under the policy it was started with.
+"""
 
 from __future__ import annotations
 
@@ -19,11 +25,17 @@ from corral.core.session import (
 from corral.core.snapshot import SnapshotRef
 from corral.core.snapshot_store import SnapshotRecord, SnapshotShelf
 from corral.core.tarsafe import copy_at_most, extract_tar, file_limit, pack_dir
-from corral.errors import ConfigError, FeatureUnsupported, RemotePathNotFound
+from corral.errors import (
+    ConfigError,
+    FeatureUnsupported,
+    NetworkPolicyUnsupported,
+    RemotePathNotFound,
+)
 from corral.network.policy import NetworkMode, NetworkPolicy
 from corral.providers.local.cgroup import SessionCgroup
 from corral.providers.local.netns import isolated
 from corral.providers.local.paths import host_path
+from corral.providers.local.pidns import SessionPidNamespace
 from corral.providers.local.process import run_process
 
 
@@ -38,7 +50,7 @@ class LocalSession(EnvironmentSession):
         env: dict[str, str],
         default_timeout: float | None,
         output_limit: int,
-        cgroup: SessionCgroup | FeatureUnsupported,
+        processes: SessionCgroup | SessionPidNamespace | FeatureUnsupported,
         end_workload_timeout_s: float,
         shelf: SnapshotShelf,
     ) -> None:
@@ -49,8 +61,9 @@ class LocalSession(EnvironmentSession):
         self._env = env
         self.default_timeout = default_timeout
         self.output_limit = output_limit
-        # Every exec joins the cgroup; where none could be made, this says why.
-        self.cgroup = cgroup
+        # Every exec joins the cgroup or enters the namespace; where neither could be
+        # made, this says why.
+        self.processes = processes
         self._end_workload_timeout_s = end_workload_timeout_s
         self._shelf = shelf
 
@@ -65,6 +78,8 @@ class LocalSession(EnvironmentSession):
         args = list(request.args)
         if self.policy.network_mode is NetworkMode.NO_NETWORK:
             args = isolated(args)
+        if isinstance(self.processes, SessionPidNamespace):
+            args = self.processes.enter(args)
         directory = self._path(request.cwd) if request.cwd is not None else self.workdir
         if not directory.is_dir():
             raise RemotePathNotFound(str(directory))
@@ -77,13 +92,39 @@ class LocalSession(EnvironmentSession):
             stdin=request.stdin,
             on_output=request.on_output,
             output_limit=request.output_limit,
-            cgroup=self.cgroup if isinstance(self.cgroup, SessionCgroup) else None,
+            cgroup=self.processes if isinstance(self.processes, SessionCgroup) else None,
         )
 
     async def _end_workload(self) -> None:
-        if not isinstance(self.cgroup, SessionCgroup):
-            raise FeatureUnsupported(str(self.cgroup))
-        await self.cgroup.kill(self._end_workload_timeout_s)
+        processes = self.processes
+        if isinstance(processes, FeatureUnsupported):
+            raise FeatureUnsupported(str(processes))
+        if isinstance(processes, SessionCgroup):
+            await processes.kill(self._end_workload_timeout_s)
+        else:
+            self.processes = await processes.kill(self._end_workload_timeout_s)
+
+    async def end_processes(self) -> None:
+        """On close: every process of the session ends, and what held them goes."""
+        if not isinstance(self.processes, FeatureUnsupported):
+            await self.processes.remove(self._end_workload_timeout_s)
+
+    async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
+        if policy.network_mode is self.policy.network_mode:
+            return
+        processes = self.processes
+        if isinstance(processes, FeatureUnsupported):
+            raise NetworkPolicyUnsupported(
+                f"the local provider cannot switch from {self.policy} to {policy}: it cannot "
+                f"tell whether a process started under the old policy lives on ({processes})"
+            )
+        alive = processes.alive()
+        if alive:
+            raise NetworkPolicyUnsupported(
+                f"the local provider cannot switch from {self.policy} to {policy} while "
+                f"processes {', '.join(map(str, alive))} started under it live on (each "
+                "keeps the network it was started with); end them first (end_workload)"
+            )
 
     async def _save(self) -> SnapshotRef:
         """A copy of the workspace (the session's home); its scratch `.tmp` stays behind."""
