@@ -22,6 +22,7 @@ from corral.errors import (
     UnsafeArchiveMember,
 )
 from corral.network import NetworkMode, NetworkPolicy, NetworkSchedule
+from corral.signals import cancelled_on_signals
 
 __all__ = [
     "ENVIRONMENTS",
@@ -48,4 +49,5 @@ __all__ = [
     "TaskRun",
     "Timeouts",
     "UnsafeArchiveMember",
+    "cancelled_on_signals",
 ]

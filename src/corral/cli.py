@@ -18,6 +18,7 @@ from corral.core.plan import ExecutionPlan
 from corral.demo import DemoRow, run_demo
 from corral.errors import CorralError
 from corral.network.policy import NetworkSchedule
+from corral.signals import Caught, cancelled_on_signals
 
 app = typer.Typer(help="Sandbox environments for agent harnesses.", no_args_is_help=True)
 list_app = typer.Typer(help="List things corral knows about.", no_args_is_help=True)
@@ -30,6 +31,7 @@ app.add_typer(config_app, name="config")
 config_app.add_typer(docs_app, name="docs")
 
 console = Console()
+errors = Console(stderr=True)
 EnvOption = Annotated[str, typer.Option("--env", help="provider id, see `corral list env`")]
 ParamOption = Annotated[
     list[str] | None,
@@ -129,9 +131,13 @@ def run(
         (sys.stdout if stream == "stdout" else sys.stderr).write(text)
 
     async def go() -> int:
-        async with env.session(plan) as sandbox:
-            result = await sandbox.exec(command, timeout=timeout, on_output=relay)
-        return 124 if result.returncode is None else result.returncode
+        async with cancelled_on_signals() as caught:
+            async with env.session(plan) as sandbox:
+                result = await sandbox.exec(command, timeout=timeout, on_output=relay)
+            if result.timed_out:
+                errors.print(f"corral: the command timed out after {timeout} s; it was killed")
+            return 124 if result.returncode is None else result.returncode
+        return _stopped(caught)
 
     try:
         code = anyio.run(go)
@@ -139,6 +145,12 @@ def run(
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     raise typer.Exit(code)
+
+
+def _stopped(caught: Caught) -> int:
+    """Ended by SIGTERM/SIGHUP, the sandbox closed: exit as the signal would have."""
+    errors.print(f"corral: stopped by signal {caught.signum}; the sandbox was removed")
+    return caught.exit_code or 1
 
 
 def _best_env() -> str:
@@ -165,10 +177,15 @@ def demo(
         mark = "[green]yes[/green]" if row.passed else "[red]NO[/red]"
         table.add_row(row.step, row.outcome, f"{row.seconds:.2f}", mark)
 
-    rows = anyio.run(run_demo, env, plan, report)
+    async def go() -> int:
+        async with cancelled_on_signals() as caught:
+            rows = await run_demo(env, plan, report)
+            return 0 if all(row.passed for row in rows) else 1
+        return _stopped(caught)
+
+    code = anyio.run(go)
     console.print(table)
-    if not all(row.passed for row in rows):
-        raise typer.Exit(1)
+    raise typer.Exit(code)
 
 
 @app.command()
