@@ -56,10 +56,14 @@ class SnapshotRecord(BaseModel):
         )
 
 
+def cache_dir() -> Path:
+    """$XDG_CACHE_HOME/corral, else ~/.cache/corral."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "corral"
+
+
 def default_root(provider: str) -> Path:
-    """$XDG_CACHE_HOME/corral/snapshots/<provider>, else ~/.cache/corral/snapshots/<provider>."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "corral" / "snapshots" / provider
+    """`cache_dir()`/snapshots/<provider>."""
+    return cache_dir() / "snapshots" / provider
 
 
 class SnapshotShelf:

@@ -32,6 +32,11 @@ class LocalConfig(RuntimeEnvironmentConfig):
         "killed before the session is closed",
     )
 
+    session_dir: Path | None = Field(
+        default=None,
+        description="directory that keeps a record of each open session, so `corral gc` "
+        "removes what a killed harness left (default: $XDG_CACHE_HOME/corral/sessions/local)",
+    )
     snapshot_dir: Path | None = Field(
         default=None,
         description="directory that keeps `session.save()` copies of workspaces "

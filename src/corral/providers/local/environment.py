@@ -26,12 +26,13 @@ from corral.core.plan import ExecutionPlan
 from corral.core.redact import plain_env
 from corral.core.session import EnvironmentSession
 from corral.core.snapshot import SnapshotRef
-from corral.core.snapshot_store import SnapshotShelf, default_root
+from corral.core.snapshot_store import SnapshotShelf, cache_dir, default_root
 from corral.errors import FeatureUnsupported
 from corral.network.capabilities import NetworkCapabilities
 from corral.network.policy import NetworkMode
 from corral.providers.local.cgroup import SessionCgroup, cgroup_available
 from corral.providers.local.config import LocalConfig
+from corral.providers.local.ledger import SessionLedger
 from corral.providers.local.netns import netns_available
 from corral.providers.local.paths import host_path
 from corral.providers.local.pidns import SessionPidNamespace, pidns_available
@@ -81,6 +82,9 @@ class LocalEnvironment(BaseEnvironment):
         self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
     ) -> EnvironmentSession:
         session_id = session_id or new_session_id()
+        ledger = self._ledger()
+        # First in, so last out: the record goes once all it names has.
+        owned.callback(ledger.drop, session_id)
         root = self.config.root_dir or Path(tempfile.gettempdir())
         # Resolved: every sandbox path is held inside it (`paths.host_path`).
         workspace = await anyio.to_thread.run_sync(
@@ -99,6 +103,8 @@ class LocalEnvironment(BaseEnvironment):
             **plain_env(plan.env),
         }
         processes = await anyio.to_thread.run_sync(_session_processes, session_id)
+        cgroup = processes.path if isinstance(processes, SessionCgroup) else None
+        await anyio.to_thread.run_sync(ledger.write, session_id, workspace, cgroup)
         session = LocalSession(
             id=session_id,
             policy=plan.network.baseline,
@@ -125,7 +131,24 @@ class LocalEnvironment(BaseEnvironment):
         )
 
     async def gc(self) -> list[str]:
-        return await anyio.to_thread.run_sync(self._shelf().collect)
+        """Expired snapshots, and what the sessions of a harness that died left."""
+        removed = await anyio.to_thread.run_sync(self._shelf().collect)
+        ledger = self._ledger()
+        for record in await anyio.to_thread.run_sync(ledger.abandoned):
+            cgroup = record.removable_cgroup()
+            if cgroup is not None:
+                await SessionCgroup(cgroup).remove(self.config.end_workload_timeout_s)
+            workspace = record.removable_workspace()
+            if workspace is not None:
+                await _remove_tree(workspace)
+            ledger.drop(record.id)
+            held = cgroup is not None or workspace is not None
+            removed.append(f"session {record.id}" if held else f"session record {record.id}")
+        return removed
+
+    def _ledger(self) -> SessionLedger:
+        root = self.config.session_dir or cache_dir() / "sessions" / self.id
+        return SessionLedger(root, owner=self.config.owner)
 
     def _shelf(self) -> SnapshotShelf:
         cfg = self.config
