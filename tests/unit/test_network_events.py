@@ -300,6 +300,7 @@ async def test_taskrun_hands_each_phase_down_and_summarizes_per_phase() -> None:
     assert applied == ["allowlist", "no-network"]
 
 
+@pytest.mark.usefixtures("helper_shipped")
 def test_which_providers_report_events() -> None:
     from typer.testing import CliRunner
 

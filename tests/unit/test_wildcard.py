@@ -197,6 +197,7 @@ def test_the_probe_is_a_forbidden_address_whatever_the_wildcards() -> None:
     assert forbidden_probe(POLICY, RESOLVED, [(gateway, 9)]) == (gateway, 9)
 
 
+@pytest.mark.usefixtures("helper_shipped")
 def test_docker_declares_wildcards_for_allowlists_only() -> None:
     docker = ENVIRONMENTS.get("docker").network_capabilities()
     assert EntryType.WILDCARD_HOSTNAME in docker.entry_types

@@ -29,6 +29,11 @@ def helper_binary(arch: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def helper_shipped() -> bool:
+    """Whether this installation carries the helper for any architecture."""
+    return any(BIN_DIR.glob("corral-exec-linux-*"))
+
+
 def helper_archive(binary: Path, name: str) -> bytes:
     """A tar holding only the helper, as `name`, owned by root, mode 0755 (blocking)."""
     buffer = io.BytesIO()

@@ -81,6 +81,7 @@ def test_schedule_baseline_then_agent_then_verifier() -> None:
     assert alone.run == alone.evaluation == NetworkPolicy.no_network()
 
 
+@pytest.mark.usefixtures("helper_shipped")
 def test_capabilities_are_what_the_provider_enforces() -> None:
     docker = capability_flags(ENVIRONMENTS.get("docker"))
     assert docker["disable_internet"] and docker["network_allowlist"]
