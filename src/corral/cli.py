@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
-from typing import Annotated, Any
+from importlib.metadata import version
+from typing import Annotated, Any, NoReturn
 
 import anyio
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from corral.core.config import config_docs
 from corral.core.environment import ENVIRONMENTS, BaseEnvironment
@@ -31,7 +34,8 @@ app.add_typer(config_app, name="config")
 config_app.add_typer(docs_app, name="docs")
 
 console = Console()
-errors = Console(stderr=True)
+# An error is one line, however narrow the terminal: soft wrap leaves it whole.
+errors = Console(stderr=True, soft_wrap=True)
 EnvOption = Annotated[str, typer.Option("--env", help="provider id, see `corral list env`")]
 ParamOption = Annotated[
     list[str] | None,
@@ -45,30 +49,86 @@ def _params(pairs: list[str] | None) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise typer.BadParameter(f"--param {pair!r} must be KEY=VALUE")
-        params[key] = value
+        params[key] = _value(value)
     return params
+
+
+def _value(text: str) -> Any:
+    """A list or mapping field's value as JSON (`-p 'labels={"team": "a"}'`); any other
+    field's as the string the config model parses."""
+    if text.lstrip()[:1] in ("[", "{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise typer.BadParameter(f"{text!r} is not valid JSON ({exc.msg})") from None
+    return text
+
+
+def _refuse(exc: Exception) -> NoReturn:
+    """Bad input: one line naming the value and what is wrong with it, exit 2."""
+    if isinstance(exc, ValidationError):
+        message = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'value'}: "
+            f"{e['msg'].removeprefix('Value error, ')} (got {e['input']!r})"
+            for e in exc.errors(include_url=False)
+        )
+    else:
+        message = str(exc)
+    errors.print(f"[red]error:[/red] {escape(message)}")
+    raise typer.Exit(2)
 
 
 def _create(env_id: str, pairs: list[str] | None) -> BaseEnvironment:
     try:
         return ENVIRONMENTS.create(env_id, **_params(pairs))
     except (CorralError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        _refuse(exc)
+
+
+def _verbosity(count: int) -> int:
+    """`-v` shows corral's info events, `-vv` its debug ones; before or after a command."""
+    if count:
+        level = logging.INFO if count == 1 else logging.DEBUG
+        logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger().setLevel(min(level, logging.getLogger().level))
+    return count
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        console.print(f"corral {version('corral')}")
+        raise typer.Exit()
+
+
+VerboseOption = Annotated[
+    int,
+    typer.Option("--verbose", "-v", count=True, callback=_verbosity, help="-v info, -vv debug"),
+]
 
 
 @app.callback()
-def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(message)s",
-    )
+def main(
+    verbose: VerboseOption = 0,
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="print the version"),
+    ] = False,
+) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
 
 
 @list_app.command("env")
-def list_env() -> None:
+def list_env(verbose: VerboseOption = 0) -> None:
     """Every provider: installed or why not, and what it can enforce."""
-    table = Table("id", "installed", "network modes", "entry types", "ports", "dynamic", "features")
+    table = Table(
+        Column("id", no_wrap=True),
+        "installed",
+        "network modes",
+        "entry types",
+        "ports",
+        "dynamic",
+        "features",
+    )
     for env_id in ENVIRONMENTS.ids():
         status = ENVIRONMENTS.status(env_id)
         if status.provider is None:
@@ -89,16 +149,18 @@ def list_env() -> None:
 
 
 @docs_app.command("env")
-def docs_env(env_id: Annotated[str, typer.Argument(help="provider id")]) -> None:
+def docs_env(
+    env_id: Annotated[str, typer.Argument(help="provider id")], verbose: VerboseOption = 0
+) -> None:
     """Every config field of a provider: name, type with unit, default, description."""
     try:
         provider = ENVIRONMENTS.get(env_id)
     except CorralError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        _refuse(exc)
     model = provider.config_model
     console.print(f"[bold]{env_id}[/bold]: {model.__name__}. {(model.__doc__ or '').strip()}")
-    table = Table("field", "type", "default", "description")
+    # A name is what `--param` takes: never broken across lines, whatever the width.
+    table = Table(Column("field", no_wrap=True), "type", "default", "description")
     for doc in config_docs(model):
         table.add_row(*(escape(part) for part in doc))
     console.print(table)
@@ -118,14 +180,14 @@ def run(
         float | None, typer.Option(help="seconds before the command is killed")
     ] = None,
     param: ParamOption = None,
+    verbose: VerboseOption = 0,
 ) -> None:
     """Run one command in a fresh sandbox; the exit code is the command's."""
     env = _create(env_id, param)
     try:
         plan = ExecutionPlan(image=image, network=NetworkSchedule.model_validate(network))
     except ValueError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        _refuse(exc)
 
     def relay(stream: str, text: str) -> None:
         (sys.stdout if stream == "stdout" else sys.stderr).write(text)
@@ -142,8 +204,7 @@ def run(
     try:
         code = anyio.run(go)
     except CorralError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        _refuse(exc)
     raise typer.Exit(code)
 
 
@@ -165,6 +226,7 @@ def demo(
     env_id: Annotated[str | None, typer.Option("--env", help="default: docker if up")] = None,
     image: Annotated[str | None, typer.Option(help="image for container providers")] = None,
     param: ParamOption = None,
+    verbose: VerboseOption = 0,
 ) -> None:
     """Open a sandbox, run commands, round-trip a directory, probe every network mode."""
     chosen = env_id or _best_env()
@@ -189,7 +251,7 @@ def demo(
 
 
 @app.command()
-def gc(env_id: EnvOption, param: ParamOption = None) -> None:
+def gc(env_id: EnvOption, param: ParamOption = None, verbose: VerboseOption = 0) -> None:
     """Remove expired resources carrying corral's labels for this owner, nothing else."""
     env = _create(env_id, param)
     removed = anyio.run(env.gc)
@@ -206,13 +268,15 @@ def build_holder(
     base: Annotated[str, typer.Option(help="Debian bookworm base image")] = (
         "debian:bookworm-slim"
     ),
+    verbose: VerboseOption = 0,
 ) -> None:
     """Build the network holder image from the Dockerfile shipped in the package."""
     from corral.providers.docker.holder import build_holder_image
 
     try:
-        image_id = build_holder_image(tag, base)
+        # A build takes minutes (it fetches packages): show that it is working.
+        with errors.status(f"building {tag} from {base} (packages come from its mirror)"):
+            image_id = build_holder_image(tag, base)
     except CorralError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        _refuse(exc)
     console.print(f"built {tag} ({image_id[:19]}); set holder_image={tag!r}")
