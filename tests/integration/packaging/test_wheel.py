@@ -51,7 +51,15 @@ def test_uv_build_carries_the_helper_and_installs_and_runs(tmp_path: Path) -> No
     venv = tmp_path / "venv"
     subprocess.run([_uv(), "venv", "--quiet", str(venv)], check=True, timeout=300)
     subprocess.run(
-        [_uv(), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), str(wheel)],
+        [
+            _uv(),
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            str(venv / "bin" / "python"),
+            f"{wheel}[docker]",
+        ],
         check=True,
         timeout=600,
     )
@@ -64,6 +72,37 @@ def test_uv_build_carries_the_helper_and_installs_and_runs(tmp_path: Path) -> No
         check=False,
     )
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
+    # What it lists is what this wheel can do: it carries the helper, so Docker offers
+    # hostname allowlists and refusal events (tests/unit/test_helper_declared.py: without).
+    listed = subprocess.run(
+        [str(venv / "bin" / "corral"), "list", "env"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "400"},
+        check=True,
+    )
+    docker = next(line for line in listed.stdout.splitlines() if "│ docker" in line)
+    assert "wildcard-hostname" in docker and "network_events" in docker, docker
+    # The conformance suite, from the installed wheel, against local.
+    subprocess.run(
+        [_uv(), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), "pytest"],
+        check=True,
+        timeout=600,
+    )
+    (tmp_path / "test_conformance.py").write_text(
+        (ROOT / "tests" / "integration" / "local" / "test_local_conformance.py").read_text()
+    )
+    suite = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert suite.returncode == 0, suite.stdout[-3000:]
+    assert " passed" in suite.stdout and " failed" not in suite.stdout
 
 
 def test_a_build_without_the_helper_or_go_fails_saying_how_to_fix_it(tmp_path: Path) -> None:
