@@ -14,7 +14,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from corral import EnvironmentSession, ExecutionPlan, TaskRun
+from corral import (
+    EnvironmentSession,
+    ExecutionPlan,
+    NetworkPolicyUnsupported,
+    NetworkSchedule,
+    TaskRun,
+)
 from corral.providers.local import LocalEnvironment
 from corral.providers.local.cgroup import SessionCgroup
 from corral.providers.local.session import LocalSession
@@ -112,3 +118,30 @@ async def test_close_kills_what_the_session_left_running(shared_dir: Path) -> No
     settled = counters(shared_dir)
     await anyio.sleep(0.5)
     assert counters(shared_dir) == settled
+
+
+async def test_a_switch_sees_a_process_that_moved_into_a_child_cgroup(shared_dir: Path) -> None:
+    schedule = NetworkSchedule(baseline="public", run="no-network")
+    env = LocalEnvironment()
+    session = await env.open(ExecutionPlan(network=schedule))
+    try:
+        assert isinstance(session, LocalSession)
+        cgroup = session.processes
+        assert isinstance(cgroup, SessionCgroup), cgroup
+        # As root, the workload makes a cgroup under its own and moves a loop into it:
+        # the session's own cgroup.procs no longer lists it.
+        hide = f"mkdir {cgroup.path}/hide; "
+        move = f'echo $$ > {cgroup.path}/hide/cgroup.procs && exec sh -c "$0" "$1"'
+        launch = hide + f"setsid sh -c '{move}' \"$L\" {{c}} &"
+        loop = start_loops({"hidden": launch}, str(shared_dir))
+        started = await session.exec(loop)
+        assert started.ok, started.stderr
+        assert in_cgroup(session) == []
+        with pytest.raises(NetworkPolicyUnsupported, match="live on"):
+            await session.set_network_policy("no-network")
+        assert session.closed
+        settled = counters(shared_dir)
+        await anyio.sleep(0.5)
+        assert counters(shared_dir) == settled
+    finally:
+        await env.close(session)

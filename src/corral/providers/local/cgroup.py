@@ -97,8 +97,13 @@ class SessionCgroup:
         return events[events.index("populated") + 1] != "0"
 
     def alive(self) -> list[int]:
-        """The pids in the cgroup (a process that has exited is gone from it)."""
-        return [int(pid) for pid in (self.path / "cgroup.procs").read_text().split()]
+        """The pids in the cgroup and every cgroup under it (a root workload may make one
+        and move into it); a process that has exited is gone from them."""
+        return [
+            int(pid)
+            for procs in sorted(self.path.rglob("cgroup.procs"))
+            for pid in procs.read_text().split()
+        ]
 
     async def kill(self, timeout_s: float) -> None:
         """Kill every process in the cgroup, then wait until the kernel shows it empty."""
@@ -115,7 +120,12 @@ class SessionCgroup:
 
     async def remove(self, timeout_s: float) -> None:
         await self.kill(timeout_s)
+        # Cgroups a workload made under the session's (emptied by the kill) go first,
+        # deepest first: a cgroup with children cannot be removed.
+        made = [p for p in self.path.rglob("*") if p.is_dir() and not p.is_symlink()]
         try:
+            for child in sorted(made, key=lambda p: len(p.parts), reverse=True):
+                child.rmdir()
             self.path.rmdir()
         except FileNotFoundError:
             pass
