@@ -1,6 +1,6 @@
-"""`local` runs a whole `TaskRun` for a user who is not root: the run phase's `no-network`
-is enforced, what the agent left running dies before evaluation, and a binding to an
-absolute path leaves the host directory alone.
+"""`local` runs a whole `TaskRun`, and the README's Quickstart, for a user who is not
+root: the run phase's `no-network` is enforced, what the agent left running dies before
+evaluation, and a binding to an absolute path leaves the host directory alone.
 
 The test creates the user, gives it a copy of what the scenario imports (the harness's
 own interpreter may sit where that user cannot read), and runs `nonroot/scenario.py` as
@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import unavailable
+from tests.readme import PRINTED, quickstart
 
 SCENARIO = Path(__file__).parent / "nonroot" / "scenario.py"
 SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
@@ -122,6 +123,24 @@ def _host_processes_with(marker: str) -> list[int]:
     return found
 
 
+def _run_as(
+    user: pwd.struct_passwd, lib: Path, home: Path, args: list[str]
+) -> subprocess.CompletedProcess[str]:
+    """The system's Python as `user`, with `lib` for its imports and `home` as its home."""
+    return subprocess.run(
+        [str(SYSTEM_PYTHON), "-P", *args],
+        user=user.pw_uid,
+        group=user.pw_gid,
+        extra_groups=[],
+        env={"PYTHONPATH": str(lib), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home)},
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def test_a_user_who_is_not_root_runs_a_whole_task_run(
     user: pwd.struct_passwd, server: int, shared: Path
 ) -> None:
@@ -136,18 +155,7 @@ def test_a_user_who_is_not_root_runs_a_whole_task_run(
     (host_dir / "precious.txt").write_text("host data\n")
     subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(home)], check=True)
     marker = f"corral-left-{uuid.uuid4().hex}"
-    done = subprocess.run(
-        [str(SYSTEM_PYTHON), "-P", str(scenario), str(server), marker, str(host_dir)],
-        user=user.pw_uid,
-        group=user.pw_gid,
-        extra_groups=[],
-        env={"PYTHONPATH": str(lib), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home)},
-        cwd=home,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _run_as(user, lib, home, [str(scenario), str(server), marker, str(host_dir)])
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert seen["modes"] == ["no-network", "public"], seen
@@ -162,3 +170,17 @@ def test_a_user_who_is_not_root_runs_a_whole_task_run(
     assert seen["host_dir"] == ["precious.txt"], "the binding emptied the host directory"
     assert seen["synced"] == "bound\nagent\n", seen
     assert _host_processes_with(marker) == [], "the agent's process outlived the session"
+
+
+def test_the_quickstart_runs_as_written_for_a_user_who_is_not_root(
+    user: pwd.struct_passwd, shared: Path
+) -> None:
+    if not SYSTEM_PYTHON.exists():
+        unavailable(f"no {SYSTEM_PYTHON} for the test user: apt-get install python3")
+    lib = _library(shared)
+    home = shared / "home"
+    home.mkdir()
+    subprocess.run(["chown", f"{user.pw_uid}:{user.pw_gid}", str(home)], check=True)
+    done = _run_as(user, lib, home, ["-c", quickstart()])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == PRINTED
