@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from corral import ENVIRONMENTS, ExecutionPlan, NetworkPolicy
+from corral.core.snapshot_store import cache_dir
+from corral.errors import FeatureUnsupported
+from corral.providers.local import cgroup as local_cgroup
 from corral.testing import serve_tcp, stop_server
 from corral.testing.campaign import OPERATIONS, Subject, run_campaign
 from corral.testing.plugin import ConnectCommand, EgressTarget
@@ -16,8 +19,19 @@ from tests.integration.campaign.conftest import check, max_n
 pytestmark = pytest.mark.anyio
 
 
-def _nothing() -> frozenset[str]:
-    return frozenset()  # local makes no provider objects; its workspaces are temp files
+def _owned() -> frozenset[str]:
+    """What local makes besides its workspaces (temp files): session cgroups, and the
+    records `corral gc` reads."""
+    cgroups = {f"cgroup {p.name}" for p in _cgroups().glob("corral-*")}
+    records = {f"record {p.name}" for p in (cache_dir() / "sessions" / "local").glob("*.json")}
+    return frozenset(cgroups | records)
+
+
+def _cgroups() -> Path:
+    try:
+        return local_cgroup._hierarchy()  # pyright: ignore[reportPrivateUsage]
+    except FeatureUnsupported:
+        return Path("/nonexistent")
 
 
 @pytest.fixture
@@ -29,10 +43,9 @@ def subject(scratch: Path, corral_connect_command: ConnectCommand) -> Iterator[S
             provider="local",
             env=ENVIRONMENTS.create("local"),
             plan=ExecutionPlan(),
-            owned=_nothing,
+            owned=_owned,
             targets=(first, second),
-            # local switches nothing at run time: the one switch it takes is to the same policy
-            switch=(NetworkPolicy.public(), NetworkPolicy.public()),
+            switch=(NetworkPolicy.no_network(), NetworkPolicy.public()),
             connect=corral_connect_command,
             scratch=scratch,
             max_n=max_n(),

@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 
@@ -87,7 +88,7 @@ class LocalEnvironment(BaseEnvironment):
         owned.callback(ledger.drop, session_id)
         root = self.config.root_dir or Path(tempfile.gettempdir())
         # Resolved: every sandbox path is held inside it (`paths.host_path`).
-        workspace = await anyio.to_thread.run_sync(
+        workspace = await _made(
             lambda: Path(tempfile.mkdtemp(prefix=f"corral-{session_id}-", dir=root)).resolve()
         )
         owned.push_async_callback(_remove_tree, workspace)
@@ -102,7 +103,9 @@ class LocalEnvironment(BaseEnvironment):
             "TMPDIR": str(tmp_dir),
             **plain_env(plan.env),
         }
-        processes = await anyio.to_thread.run_sync(_session_processes, session_id)
+        processes = await _made(lambda: _session_processes(session_id))
+        if not isinstance(processes, FeatureUnsupported):
+            owned.push_async_callback(processes.remove, self.config.end_workload_timeout_s)
         cgroup = processes.path if isinstance(processes, SessionCgroup) else None
         await anyio.to_thread.run_sync(ledger.write, session_id, workspace, cgroup)
         session = LocalSession(
@@ -117,7 +120,6 @@ class LocalEnvironment(BaseEnvironment):
             end_workload_timeout_s=self.config.end_workload_timeout_s,
             shelf=self._shelf(),
         )
-        owned.push_async_callback(session.end_processes)
         session.image = "host"
         return session
 
@@ -171,6 +173,18 @@ def _session_processes(
             return SessionPidNamespace.start()
         except FeatureUnsupported as pidns_missing:
             return FeatureUnsupported(f"{cgroup_missing}; and {pidns_missing}")
+
+
+T = TypeVar("T")
+
+
+async def _made(make: Callable[[], T]) -> T:
+    """`make()` in a thread, its result kept if the caller is cancelled meanwhile (a
+    dropped result would leak what it made); the cancellation arrives at the next await."""
+    made: list[T] = []
+    with anyio.CancelScope(shield=True):
+        made.append(await anyio.to_thread.run_sync(make))
+    return made[0]
 
 
 async def _remove_tree(path: Path) -> None:

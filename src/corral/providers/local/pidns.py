@@ -69,6 +69,9 @@ class SessionPidNamespace:
     """One session's PID namespace; `kill` ends everything in it and makes a fresh one."""
 
     def __init__(self, unshare: subprocess.Popen[bytes], holder: int) -> None:
+        self._hold(unshare, holder)
+
+    def _hold(self, unshare: subprocess.Popen[bytes], holder: int) -> None:
         self._unshare = unshare
         self.holder = holder
         self._ns = Path(f"/proc/{holder}/ns/pid").readlink()
@@ -77,46 +80,7 @@ class SessionPidNamespace:
     @classmethod
     def start(cls) -> SessionPidNamespace:
         """Start a holder, or raise `FeatureUnsupported` saying what the host lacks."""
-        if not pidns_available():
-            raise FeatureUnsupported(
-                "this host lets corral make neither a session cgroup (root, cgroup v2) nor "
-                "a user + PID namespace (`unshare --user --pid`; enable unprivileged user "
-                "namespaces: sysctl user.max_user_namespaces > 0, and on Debian/Ubuntu "
-                "kernel.unprivileged_userns_clone=1 or no AppArmor userns restriction)"
-            )
-        unshare = subprocess.Popen(
-            [
-                "unshare",
-                "--user",
-                "--map-current-user",
-                "--pid",
-                "--fork",
-                "--kill-child",
-                "--",
-                sys.executable,
-                "-I",
-                "-c",
-                _HOLDER,
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        children = Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children")
-        while True:
-            with contextlib.suppress(OSError):
-                pids = children.read_text().split()
-                if pids:
-                    return cls(unshare, int(pids[0]))
-            if unshare.poll() is not None or time.monotonic() > deadline:
-                _stop(unshare)
-                raise ProviderError(
-                    f"the session's PID namespace holder did not start (unshare exited "
-                    f"{unshare.returncode})"
-                )
-            time.sleep(POLL_S)
+        return cls(*_spawn())
 
     def enter(self, argv: list[str]) -> list[str]:
         """`argv` run inside the namespace, with this user's own uid and gid."""
@@ -163,10 +127,11 @@ class SessionPidNamespace:
         finally:
             os.close(fd)
 
-    async def kill(self, timeout_s: float) -> SessionPidNamespace:
-        """End every process of the namespace; the fresh namespace that replaces it."""
+    async def kill(self, timeout_s: float) -> None:
+        """End every process of the namespace, then hold a fresh one in its place."""
         await self.remove(timeout_s)
-        return await anyio.to_thread.run_sync(SessionPidNamespace.start)
+        with anyio.CancelScope(shield=True):  # a dropped result would leak the holder
+            self._hold(*await anyio.to_thread.run_sync(_spawn))
 
     async def remove(self, timeout_s: float) -> None:
         # The holder is unshare's child: unshare exits only once it has reaped the
@@ -182,6 +147,50 @@ class SessionPidNamespace:
                 )
             await anyio.sleep(POLL_S)
         _stop(self._unshare)
+
+
+def _spawn() -> tuple[subprocess.Popen[bytes], int]:
+    """A new holder: its `unshare` and the holder's host pid."""
+    if not pidns_available():
+        raise FeatureUnsupported(
+            "this host lets corral make neither a session cgroup (root, cgroup v2) nor "
+            "a user + PID namespace (`unshare --user --pid`; enable unprivileged user "
+            "namespaces: sysctl user.max_user_namespaces > 0, and on Debian/Ubuntu "
+            "kernel.unprivileged_userns_clone=1 or no AppArmor userns restriction)"
+        )
+    unshare = subprocess.Popen(
+        [
+            "unshare",
+            "--user",
+            "--map-current-user",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--",
+            sys.executable,
+            "-I",
+            "-c",
+            _HOLDER,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    children = Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children")
+    while True:
+        with contextlib.suppress(OSError):
+            pids = children.read_text().split()
+            if pids:
+                return unshare, int(pids[0])
+        if unshare.poll() is not None or time.monotonic() > deadline:
+            _stop(unshare)
+            raise ProviderError(
+                f"the session's PID namespace holder did not start (unshare exited "
+                f"{unshare.returncode})"
+            )
+        time.sleep(POLL_S)
 
 
 def _stop(unshare: subprocess.Popen[bytes]) -> None:

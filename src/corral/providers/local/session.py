@@ -96,18 +96,9 @@ class LocalSession(EnvironmentSession):
         )
 
     async def _end_workload(self) -> None:
-        processes = self.processes
-        if isinstance(processes, FeatureUnsupported):
-            raise FeatureUnsupported(str(processes))
-        if isinstance(processes, SessionCgroup):
-            await processes.kill(self._end_workload_timeout_s)
-        else:
-            self.processes = await processes.kill(self._end_workload_timeout_s)
-
-    async def end_processes(self) -> None:
-        """On close: every process of the session ends, and what held them goes."""
-        if not isinstance(self.processes, FeatureUnsupported):
-            await self.processes.remove(self._end_workload_timeout_s)
+        if isinstance(self.processes, FeatureUnsupported):
+            raise FeatureUnsupported(str(self.processes))
+        await self.processes.kill(self._end_workload_timeout_s)
 
     async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
         if policy.network_mode is self.policy.network_mode:
