@@ -9,28 +9,15 @@ import ast
 import importlib
 import importlib.util
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.readme import python_blocks
+
 ROOT = Path(__file__).parent.parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BLOCK = re.compile(
-    r"^(<!-- fragment: (?P<why>[^>]+) -->\n)?```python\n(?P<code>.*?)^```$", re.M | re.S
-)
-
-
-def blocks() -> list[tuple[str, str | None, str]]:
-    found: list[tuple[str, str | None, str]] = []
-    for page in PAGES:
-        text = page.read_text()
-        for match in BLOCK.finditer(text):
-            line = text.count("\n", 0, match.start()) + 1
-            found.append((f"{page.relative_to(ROOT)}:{line}", match["why"], match["code"]))
-    return found
 
 
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
@@ -46,13 +33,14 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert "cancelled_on_signals" in (tmp_path / "reference" / "index.html").read_text()
 
 
-def test_every_python_block_is_run_or_marked_a_fragment() -> None:
-    unmarked = [where for where, why, _ in blocks() if why is None]
-    # The one block that runs as written, in the README and (included) on the site.
-    assert unmarked == ["README.md:59"], unmarked
+def test_every_python_block_says_what_it_prints_or_is_marked_a_fragment() -> None:
+    # tests/integration/local/test_local_docs.py runs each that is not a fragment.
+    unsaid = [b.where for b in python_blocks() if b.fragment is None and b.prints is None]
+    assert unsaid == [], unsaid
+    assert sum(b.fragment is None for b in python_blocks()) >= 2
 
 
-@pytest.mark.parametrize(("where", "code"), [(w, c) for w, _, c in blocks()])
+@pytest.mark.parametrize(("where", "code"), [(b.where, b.code) for b in python_blocks()])
 def test_each_block_compiles_and_its_corral_imports_exist(where: str, code: str) -> None:
     tree = compile(code, where, "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     assert isinstance(tree, ast.Module)
