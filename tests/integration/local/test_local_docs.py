@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +18,7 @@ RUNNABLE = [b for b in python_blocks() if b.fragment is None]
 
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=[b.where for b in RUNNABLE])
-def test_the_block_runs_and_prints_what_it_says(block: Block) -> None:
+def test_the_block_runs_and_prints_what_it_says(block: Block, tmp_path: Path) -> None:
     if not netns_available():
         unavailable("the blocks' no-network phases need `unshare --net` (root or userns)")
     done = subprocess.run(
@@ -24,6 +26,8 @@ def test_the_block_runs_and_prints_what_it_says(block: Block) -> None:
         capture_output=True,
         text=True,
         timeout=300,
+        # What a block keeps (a snapshot, session records) stays in the test's directory.
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)},
         check=False,
     )
     assert done.returncode == 0, done.stderr
