@@ -112,3 +112,24 @@ async def git_at_a_ref_and_a_fetched_refspec(sandbox: EnvironmentSession, tmp: P
     clean = await pull.finalize(bound)
     assert clean.git is not None
     assert (clean.git.commit, clean.git.branch, clean.git.dirty) == (commits["pr"], "pr-7", False)
+
+
+#: what the agent puts where the image's `rm` was: it removes nothing and says it worked
+NO_OP_RM = "#!/bin/sh\nexit 0\n"
+
+
+async def the_target_is_emptied_by_corrals_own_rm(sandbox: EnvironmentSession, tmp: Path) -> None:
+    """The agent, as root, plants a file where a binding lands and replaces the image's
+    `rm` with a no-op: binding there again still leaves only what is bound (the target is
+    emptied by corral's own `rm`). On 8c0b629 the planted file stayed."""
+    target = "/srv/ws-rm"
+    await sandbox.write_text("/tmp/no-op-rm", NO_OP_RM)
+    await sh(
+        sandbox,
+        f"mkdir -p {target} && echo planted > {target}/planted.txt && "
+        'p=$(command -v rm) && rm -f "$p" && cp /tmp/no-op-rm "$p" && chmod 755 "$p"',
+    )
+    assert await sh(sandbox, f"rm {target}/planted.txt; ls {target}") == "planted.txt\n"
+    source = write_tree(tmp / "src", {"bound.txt": "host\n"})
+    await SyncBinding(source=source, path=target).bind(sandbox)
+    assert (await sh(sandbox, f"ls -A {target}")).split() == ["bound.txt"]

@@ -344,9 +344,15 @@ class EnvironmentSession(abc.ABC):
         has its own filesystem; on `local`, where the session's root holds it."""
         return path
 
+    #: the argv prefix of corral's own file tools in the sandbox (its busybox, from where
+    #: the workload cannot write); empty where there is no such copy and the sandbox's
+    #: `rm` is the host's own
+    _tools: tuple[str, ...] = ()
+
     async def remove(self, path: str) -> None:
-        """Remove `path` in the sandbox, a file or a whole tree; a missing path is no error."""
-        result = await self.exec(["rm", "-rf", "--", path])
+        """Remove `path` in the sandbox, a file or a whole tree; a missing path is no error.
+        What removes it is corral's own `rm`, never one the workload could replace."""
+        result = await self.exec([*self._tools, "rm", "-rf", "--", path])
         if not result.ok:
             raise ProviderError(f"cannot remove {path!r} in the sandbox: {result.stderr.strip()}")
 

@@ -32,6 +32,13 @@ async def test_oversize_trees_are_refused_mid_stream(
         await cases.oversize_trees_are_refused_mid_stream(sandbox, tmp_path)
 
 
+async def test_the_target_is_emptied_by_corrals_own_rm(
+    docker_env: DockerEnvironment, tmp_path: Path
+) -> None:
+    async with docker_env.session(PLAN) as sandbox:
+        await cases.the_target_is_emptied_by_corrals_own_rm(sandbox, tmp_path)
+
+
 async def test_git_at_a_ref_and_a_fetched_refspec(
     docker_env: DockerEnvironment, tmp_path: Path
 ) -> None:

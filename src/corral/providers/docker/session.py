@@ -69,6 +69,8 @@ class Container:
 
 
 class DockerSession(EnvironmentSession):
+    _tools = (programs.BUSYBOX,)
+
     def __init__(
         self,
         *,
@@ -182,7 +184,9 @@ class DockerSession(EnvironmentSession):
         return posixpath.normpath(posixpath.join(workdir, path))
 
     async def _mkdir(self, path: str, target: Container) -> None:
-        result = await self.exec(["mkdir", "-p", path], service=target.service)
+        # corral's busybox in the sandbox; a service (no programs volume) has only its own
+        tools = self._tools if target.service is None else ()
+        result = await self.exec([*tools, "mkdir", "-p", path], service=target.service)
         if result.returncode != 0:
             raise ProviderError(
                 f"cannot create {path!r} in {_where(target)}: {result.stderr.strip()}"

@@ -100,6 +100,8 @@ class Place:
 
 
 class KubernetesSession(EnvironmentSession):
+    _tools = (BUSYBOX,)
+
     def __init__(
         self,
         *,
