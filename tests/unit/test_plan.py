@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, SecretStr
 
-from corral import ConfigError, ExecutionPlan, Resources
+from corral import ConfigError, ExecutionPlan, NetworkSchedule, Resources
+from corral.core import plan as plan_module
 from corral.core.plan import FallbackImageRecipe, RecipeRegistry
 from corral.core.redact import MASK, plain_env, redact, secret_values
 
@@ -143,6 +146,22 @@ def test_derived_plans_are_masked_too() -> None:
     assert secret_values(plan.env) == [KEY]
 
 
+def test_a_derived_plan_is_validated_as_a_new_one_would_be() -> None:
+    # model_copy used to set fields unchecked: a policy string stayed a string and failed
+    # deep inside open() (AttributeError), an unknown field was silently kept.
+    plan = ExecutionPlan(image="x", workdir="/w", network="no-network")
+    derived = plan.model_copy(update={"network": "public"})
+    assert derived.network == NetworkSchedule(baseline="public")
+    assert (derived.image, derived.workdir) == ("x", "/w")
+    assert derived.model_fields_set == {"image", "workdir", "network"}
+    with pytest.raises(ValueError, match="workdir"):
+        plan.model_copy(update={"workdir": "relative"})
+    with pytest.raises(ValueError, match="networks"):
+        plan.model_copy(update={"networks": "public"})
+    deep = plan.model_copy(update={"labels": {"a": "b"}}, deep=True)
+    assert deep.labels == {"a": "b"} and plan.labels == {}
+
+
 def test_error_text_is_redacted_and_validation_errors_show_no_env() -> None:
     plan = ExecutionPlan(env={"OPENAI_API_KEY": KEY, "USER": "corral"})
     assert redact(f"401 for key {KEY} as corral", secret_values(plan.env)) == (
@@ -186,3 +205,13 @@ def test_recipes_write_fallback_only_and_never_twice() -> None:
     assert registry.apply(plan, "k8s").fallback_image == "swe:latest"
     with pytest.raises(ConfigError, match="'swe'"):
         registry.register(FallbackImageRecipe(id="swe", benchmark="b", fallback_image="i"))
+
+
+def test_the_typed_signature_names_every_field() -> None:
+    # ExecutionPlan's TYPE_CHECKING __init__ (what pyright sees) lists every field.
+    source = Path(plan_module.__file__).read_text()
+    tree = ast.parse(source)
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ExecutionPlan"]
+    inits = [n for n in ast.walk(cls) if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+    assert len(inits) == 1
+    assert [a.arg for a in inits[0].args.kwonlyargs] == list(ExecutionPlan.model_fields)

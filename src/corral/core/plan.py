@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable, Mapping
-from typing import Annotated, Any, Literal, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Self, runtime_checkable
 
 from pydantic import (
     AfterValidator,
@@ -18,7 +18,7 @@ from pydantic import (
 
 from corral.core.redact import masked_env
 from corral.errors import ConfigError
-from corral.network.policy import NetworkSchedule
+from corral.network.policy import NetworkSchedule, PolicyLike
 
 ImageSource = Literal["native", "image", "task_image", "fallback_image"]
 IMAGE_PRIORITY: tuple[ImageSource, ...] = ("native", "image", "task_image", "fallback_image")
@@ -197,6 +197,31 @@ class ExecutionPlan(BaseModel):
         "and policy (providers declaring `supports_services`)",
     )
 
+    if TYPE_CHECKING:
+        # What validation accepts, so that the documented forms type-check:
+        # ExecutionPlan(network="no-network"). tests/unit/test_plan.py keeps it in step.
+        def __init__(
+            self,
+            *,
+            image: str | None = None,
+            native: dict[str, Any] | None = None,
+            task_image: str | None = None,
+            fallback_image: str | None = None,
+            resources: Resources = ...,
+            task_resources: Resources = ...,
+            workdir: str | None = None,
+            env: Mapping[str, str | SecretStr] = ...,
+            public_env_names: Collection[str] = ...,
+            command: list[str] | None = None,
+            timeouts: Timeouts = ...,
+            network: NetworkSchedule | PolicyLike = ...,
+            labels: dict[str, str] = ...,
+            tags: tuple[str, ...] = (),
+            benchmark: str | None = None,
+            task_id: str | None = None,
+            services: dict[str, ServiceSpec] = ...,
+        ) -> None: ...
+
     @field_validator("services")
     @classmethod
     def _service_names(cls, value: dict[str, ServiceSpec]) -> dict[str, ServiceSpec]:
@@ -215,13 +240,15 @@ class ExecutionPlan(BaseModel):
         # its input, and that input must already be masked.
         return _mask_env_of(data)
 
-    def _mask_env(self) -> Self:
-        object.__setattr__(self, "env", masked_env(self.env, self.public_env_names))
-        return self
-
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        """A copy with `update` applied; env values are masked as at validation."""
-        return super().model_copy(update=update, deep=deep)._mask_env()
+        """A copy with `update` validated as the constructor validates it: `network="public"`
+        becomes a schedule, an unknown field or a bad value is a `ValidationError` naming
+        it, env values are masked."""
+        if not update:
+            return super().model_copy(deep=deep)
+        given = {name: getattr(self, name) for name in self.model_fields_set}
+        copied = self.model_validate({**given, **update})
+        return copied.model_copy(deep=True) if deep else copied
 
     def image_source(self) -> ImageSource | None:
         """Which field wins: native > image > task_image > fallback_image."""
