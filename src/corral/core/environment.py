@@ -153,12 +153,7 @@ class BaseEnvironment(abc.ABC):
             if found is not None:
                 return self._adopt(*found, how="reattached")
         if from_snapshot is not None:
-            self._require("snapshot", self.supports_snapshot)
-            if from_snapshot.provider != self.id:
-                raise ConfigError(
-                    f"snapshot {from_snapshot.id!r} was saved by provider "
-                    f"{from_snapshot.provider!r}, not {self.id!r}"
-                )
+            self._check_snapshot(from_snapshot)
             plan = await self._from_snapshot(from_snapshot, plan)
         plan = self.prepare(plan)
         try:
@@ -182,6 +177,19 @@ class BaseEnvironment(abc.ABC):
         """A new sandbox started from `ref`: its own id and schedule, the plan's baseline
         policy, none of the parent's processes."""
         return await self.open(plan, from_snapshot=ref)
+
+    async def discard_snapshot(self, ref: SnapshotRef) -> None:
+        """Remove what snapshot `ref` keeps, before it expires. One already gone (expired
+        and collected, or discarded) is no error; forks made from it keep running."""
+        self._check_snapshot(ref)
+        await self._discard_snapshot(ref)
+
+    def _check_snapshot(self, ref: SnapshotRef) -> None:
+        self._require("snapshot", self.supports_snapshot)
+        if ref.provider != self.id:
+            raise ConfigError(
+                f"snapshot {ref.id!r} was saved by provider {ref.provider!r}, not {self.id!r}"
+            )
 
     async def _open_new(
         self, plan: ExecutionPlan, session_id: str | None, snapshot: SnapshotRef | None
@@ -312,6 +320,10 @@ class BaseEnvironment(abc.ABC):
         """Put `ref`'s saved state into the just-opened `session` (before it is returned);
         a provider whose `_from_snapshot` plan already carries it has nothing to do."""
         return None
+
+    async def _discard_snapshot(self, ref: SnapshotRef) -> None:
+        """Remove `ref`'s saved state (`discard_snapshot`, after its checks)."""
+        raise FeatureUnsupported(f"provider {self.id!r} does not support snapshots")
 
     async def gc(self) -> list[str]:
         """Remove expired resources carrying this owner's labels; returns what went."""

@@ -124,6 +124,26 @@ class SnapshotShelf:
                 raise ConfigError(f"{where} is incomplete: {str(tree)!r} is missing")
         return record
 
+    def remove(self, ref: SnapshotRef) -> None:
+        """Remove snapshot `ref` if it is this provider's and owner's; gone is no error,
+        another's is a `ConfigError` (that directory is left alone)."""
+        if not _ID.match(ref.id):
+            raise ConfigError(f"snapshot {ref.id!r} is not an id corral makes")
+        entry = self.root / ref.id
+        if entry.is_symlink() or not entry.is_dir():
+            return
+        record = self._read(entry)
+        if record is None or (record.provider, record.owner, record.id) != (
+            self.provider,
+            self.owner,
+            ref.id,
+        ):
+            raise ConfigError(
+                f"snapshot {ref.id!r} in {str(self.root)!r} is not provider {self.provider!r}'s "
+                f"and owner {self.owner!r}'s; left alone"
+            )
+        _remove(entry)
+
     def collect(self, now: datetime | None = None) -> list[str]:
         """Remove this provider's and owner's expired snapshots; what went, as
         `snapshot <id>`."""

@@ -17,7 +17,7 @@ from pydantic import SecretStr
 from corral import ExecutionPlan, NetworkPolicy, NetworkSchedule
 from corral.core.labels import EXPIRES_AT, OWNER, SESSION
 from corral.core.snapshot import SnapshotRef
-from corral.errors import ConfigError
+from corral.errors import ConfigError, ProviderError
 from corral.providers.docker import snapshots
 from corral.providers.docker.session import DockerSession
 from corral.providers.docker.snapshots import PART
@@ -229,3 +229,30 @@ async def test_a_save_cut_short_by_a_dead_harness_leaves_an_image_gc_takes(
     assert "snapshot part cut-short" in removed
     with pytest.raises(ImageNotFound):
         engine.api.inspect_image(made[0])
+
+
+async def test_a_discarded_snapshot_is_gone_once_its_forks_are(
+    engine: Any, owner: str, images: list[str]
+) -> None:
+    env = make_env(owner)
+    async with env.session(plan("no-network")) as parent:
+        ref = await parent.save()
+    images.append(image_of(engine, owner, ref)["Id"])
+    parts = engine.api.images(filters={"label": [f"{OWNER}={owner}", f"{PART}={ref.id}"]})
+    # Another owner's environment neither sees nor removes it.
+    await make_env(f"{owner}-other").discard_snapshot(ref)
+    image_of(engine, owner, ref)
+    fork = await env.fork(ref, plan("no-network"))
+    try:
+        with pytest.raises(ProviderError, match=f"{ref.id}.*close the fork"):
+            await env.discard_snapshot(ref)
+    finally:
+        await env.close(fork)
+    await env.discard_snapshot(ref)
+    assert engine.api.images(filters={"label": f"{SNAPSHOT}={ref.id}"}) == []
+    for part in parts:
+        with pytest.raises(ImageNotFound):
+            engine.api.inspect_image(part["Id"])
+    await env.discard_snapshot(ref)  # gone is no error
+    with pytest.raises(ConfigError, match=ref.id):
+        await env.fork(ref, plan("no-network"))

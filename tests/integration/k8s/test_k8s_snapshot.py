@@ -116,8 +116,31 @@ async def test_expired_and_unknown_snapshots_are_refused_and_gc_removes_them(
     with pytest.raises(ConfigError, match="snap-0123456789abcdef"):
         await env.fork(fabricated, plan("public"))
     assert (tmp_path / ref.id).is_dir()
+    with pytest.raises(ConfigError, match=f"{ref.id}.*left alone"):
+        await other_owner.discard_snapshot(ref)
     assert await other_owner.gc() == [], "another owner's gc leaves the snapshot"
     removed = await env.gc()
     assert f"snapshot {ref.id}" in removed
     assert not (tmp_path / ref.id).exists() and stranger.is_dir()
+    await gone(cluster, namespace, owner)
+
+
+async def test_a_discarded_snapshot_is_gone_and_its_fork_keeps_running(
+    cluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    owner = f"corral-test-{secrets.token_hex(4)}"
+    env = snapshot_env(namespace, tmp_path, owner)
+    async with env.session(plan("public")) as parent:
+        await parent.write_text("/work/x", "x")
+        ref = await parent.save()
+    fork = await env.fork(ref, plan("public"))
+    try:
+        await env.discard_snapshot(ref)
+        assert not (tmp_path / ref.id).exists()
+        assert await fork.read_text("/work/x") == "x"
+    finally:
+        await env.close(fork)
+    await env.discard_snapshot(ref)  # gone is no error
+    with pytest.raises(ConfigError, match=ref.id):
+        await env.fork(ref, plan("public"))
     await gone(cluster, namespace, owner)

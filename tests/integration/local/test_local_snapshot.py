@@ -86,3 +86,29 @@ async def test_a_missing_snapshot_is_named(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="'snap-0000000000000000'.* is not kept"):
         await env.fork(ref, ExecutionPlan())
+
+
+async def test_a_discarded_snapshot_is_gone_and_anothers_is_left_alone(tmp_path: Path) -> None:
+    shelf = tmp_path / "snapshots"
+    env = LocalEnvironment(snapshot_dir=shelf, owner="corral-test-a")
+    async with env.session(ExecutionPlan()) as parent:
+        await parent.write_text("a.txt", "a")
+        ref = await parent.save()
+    fork = await env.fork(ref, ExecutionPlan())
+    stranger = LocalEnvironment(snapshot_dir=shelf, owner="corral-test-b")
+    with pytest.raises(ConfigError, match=f"{ref.id}.*left alone"):
+        await stranger.discard_snapshot(ref)
+    assert (shelf / ref.id).is_dir()
+    with pytest.raises(ConfigError, match=r"'\.\./x'"):
+        await env.discard_snapshot(ref.model_copy(update={"id": "../x"}))
+    with pytest.raises(ConfigError, match="provider 'docker'"):
+        await env.discard_snapshot(ref.model_copy(update={"provider": "docker"}))
+    try:
+        await env.discard_snapshot(ref)
+        assert list(shelf.iterdir()) == []
+        assert await fork.read_text("a.txt") == "a", "a fork keeps its files"
+    finally:
+        await env.close(fork)
+    await env.discard_snapshot(ref)  # gone is no error
+    with pytest.raises(ConfigError, match="is not kept"):
+        await env.fork(ref, ExecutionPlan())

@@ -720,6 +720,10 @@ class DockerEnvironment(BaseEnvironment):
         image_id = await snapshots.find(client, self.config.max_workers, self.config.owner, ref)
         return plan.model_copy(update={"native": {"image_id": image_id}})
 
+    async def _discard_snapshot(self, ref: SnapshotRef) -> None:
+        client = await self.client()
+        await snapshots.discard(client, self.config.max_workers, self.config.owner, ref)
+
     async def gc(self) -> list[str]:
         """Remove idle pooled sandboxes past their idle age, then expired snapshot images,
         containers, networks and volumes, all carrying this owner's labels."""

@@ -125,22 +125,44 @@ async def _remove_image(client: Engine, tokens: int, image: str) -> None:
         await idempotent(tokens, client.api.remove_image, image)
 
 
-async def find(client: Engine, tokens: int, owner: str, ref: SnapshotRef) -> str:
-    """The id of `owner`'s live image of snapshot `ref`; ConfigError naming it otherwise."""
+async def _images(
+    client: Engine, tokens: int, owner: str, ref: SnapshotRef
+) -> list[dict[str, Any]]:
+    """`owner`'s images of snapshot `ref` (by its id and source session)."""
     images: list[dict[str, Any]] = await idempotent(
         tokens, client.api.images, filters={"label": [f"{OWNER}={owner}", f"{SNAPSHOT}={ref.id}"]}
     )
-    for image in images:
-        labels: dict[str, str] = image.get("Labels") or {}
-        if labels.get(SNAPSHOT) != ref.id or labels.get(SESSION) != ref.source_session:
-            continue
-        if is_expired(labels, owner):
+    wanted = {SNAPSHOT: ref.id, SESSION: ref.source_session}
+    return [i for i in images if wanted.items() <= dict(i.get("Labels") or {}).items()]
+
+
+async def find(client: Engine, tokens: int, owner: str, ref: SnapshotRef) -> str:
+    """The id of `owner`'s live image of snapshot `ref`; ConfigError naming it otherwise."""
+    for image in await _images(client, tokens, owner, ref):
+        if is_expired(image.get("Labels") or {}, owner):
             raise ConfigError(f"snapshot {ref.id!r} expired at {ref.expires_at.isoformat()}")
         return str(image["Id"])
     raise ConfigError(
         f"snapshot {ref.id!r} of session {ref.source_session!r} is not on this engine for "
         f"owner {owner!r}"
     )
+
+
+async def discard(client: Engine, tokens: int, owner: str, ref: SnapshotRef) -> None:
+    """Remove `owner`'s image of `ref` (its flat parent goes with it); one already gone is
+    no error. A fork's container keeps its image in use: the engine refuses, and so do we."""
+    for image in await _images(client, tokens, owner, ref):
+        try:
+            await idempotent(tokens, client.api.remove_image, image["Id"])
+        except ImageNotFound:
+            continue
+        except APIError as exc:
+            if exc.status_code != 409:
+                raise
+            raise ProviderError(
+                f"snapshot {ref.id!r} is still the image of a fork's container; close the "
+                "fork first"
+            ) from None
 
 
 async def collect_expired(client: Engine, tokens: int, owner: str, now: float) -> list[str]:

@@ -276,6 +276,9 @@ class KubernetesEnvironment(BaseEnvironment):
         for index, path in enumerate(record.paths):
             await session.upload_dir(self.snapshots.tree(record.id, index), path)
 
+    async def _discard_snapshot(self, ref: SnapshotRef) -> None:
+        await anyio.to_thread.run_sync(self.snapshots.remove, ref)
+
     async def _unclaimed(self, name: str, session_id: str) -> None:
         """Refuse a caller's id whose Pod already exists, before anything is created: a
         NetworkPolicy of ours would select that Pod too, and widen what it may reach."""

@@ -132,6 +132,9 @@ class LocalEnvironment(BaseEnvironment):
             lambda: shutil.copytree(tree, session.workspace, symlinks=True, dirs_exist_ok=True)
         )
 
+    async def _discard_snapshot(self, ref: SnapshotRef) -> None:
+        await anyio.to_thread.run_sync(self._shelf().remove, ref)
+
     async def gc(self) -> list[str]:
         """Expired snapshots, and what the sessions of a harness that died left."""
         removed = await anyio.to_thread.run_sync(self._shelf().collect)
