@@ -1,22 +1,30 @@
-"""The Python blocks of README and docs, as programs to run: the Quickstart on `local` as
-written and on another provider with the one word it says to change; every other block
-that is not marked a fragment, with what its text says it prints."""
+"""The code blocks of README and docs, as programs to run. Python: the Quickstart on
+`local` as written and on another provider with the one word it says to change; every
+other block that is not marked a fragment, with what its text says it prints: on `local`,
+or on the provider a `<!-- runs on: NAME -->` line before it names. Shell: each block says
+before it how it is checked (`<!-- shell: runs -->`: line by line, as written)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from corral.core.labels import OWNER
 
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 _BLOCK = re.compile(
-    r"^(<!-- fragment: (?P<why>[^>]+) -->\n)?```python\n(?P<code>.*?)^```\n"
+    r"^(<!-- (?:fragment: (?P<why>[^>]+)|runs on: (?P<on>[a-z0-9]+)) -->\n)?"
+    r"```python\n(?P<code>.*?)^```\n"
     r"(\nIt prints `(?P<prints>[^`]*)`)?",
     re.M | re.S,
 )
+_SHELL = re.compile(r"^(<!-- shell: (?P<how>[^>]+) -->\n)?```sh\n(?P<code>.*?)^```\n", re.M | re.S)
 AS_WRITTEN = 'ENVIRONMENTS.create("local")'
 #: what the Quickstart prints on every provider
 PRINTED = "42 ['public', 'no-network', 'no-network', 'public']\n"
@@ -36,10 +44,14 @@ def run_quickstart(provider: str = "local") -> subprocess.CompletedProcess[str]:
 
 
 class Block:
-    """One Python block: where it is, why it cannot run alone (a fragment), what it prints."""
+    """One Python block: where it is, why it cannot run alone (a fragment), what it prints,
+    the provider it runs on."""
 
-    def __init__(self, where: str, code: str, fragment: str | None, prints: str | None) -> None:
+    def __init__(
+        self, where: str, code: str, fragment: str | None, prints: str | None, on: str
+    ) -> None:
         self.where, self.code, self.fragment, self.prints = where, code, fragment, prints
+        self.on = on
 
 
 def python_blocks() -> list[Block]:
@@ -49,5 +61,52 @@ def python_blocks() -> list[Block]:
         for match in _BLOCK.finditer(text):
             line = text.count("\n", 0, match.start()) + 1
             where = f"{page.relative_to(ROOT)}:{line}"
-            found.append(Block(where, match["code"], match["why"], match["prints"]))
+            on = match["on"] or "local"
+            found.append(Block(where, match["code"], match["why"], match["prints"], on))
+    return found
+
+
+def shell_blocks() -> list[tuple[str, str | None, str]]:
+    """Every shell block: where it is, how it says it is checked, its text."""
+    found: list[tuple[str, str | None, str]] = []
+    for page in PAGES:
+        text = page.read_text()
+        for match in _SHELL.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            found.append((f"{page.relative_to(ROOT)}:{line}", match["how"], match["code"]))
+    return found
+
+
+def runnable(on: str) -> list[Block]:
+    """The blocks that run as whole programs on provider `on`."""
+    return [b for b in python_blocks() if b.fragment is None and b.on == on]
+
+
+def run_block(block: Block, cache: Path) -> None:
+    """Run `block` as a program in `cache` (what it keeps, a snapshot, session records or
+    Inspect's logs, goes there); it must end well and print what its text says."""
+    done = subprocess.run(
+        [sys.executable, "-c", block.code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cache,
+        env={**os.environ, "XDG_CACHE_HOME": str(cache)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{block.prints}\n"
+
+
+def docker_leftovers(engine: Any, *owners: str) -> list[str]:
+    """What carries any of `owners`' labels on the engine: containers, networks, volumes,
+    images (a block run with a default owner must leave none of them)."""
+    found: list[str] = []
+    for owner in owners:
+        selector = {"label": f"{OWNER}={owner}"}
+        found += [f"container {c['Id']}" for c in engine.api.containers(all=True, filters=selector)]
+        found += [f"network {n['Id']}" for n in engine.api.networks(filters=selector)]
+        volumes: list[dict[str, Any]] = engine.api.volumes(filters=selector)["Volumes"] or []
+        found += [f"volume {v['Name']}" for v in volumes]
+        found += [f"image {i['Id']}" for i in engine.api.images(filters=selector)]
     return found

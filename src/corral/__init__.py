@@ -6,7 +6,7 @@ imports its SDK only when it is used.
 
 from corral.core.environment import ENVIRONMENTS, BaseEnvironment
 from corral.core.lifecycle import TaskRun
-from corral.core.plan import ExecutionPlan, Recipe, Resources, Timeouts
+from corral.core.plan import ExecutionPlan, Healthcheck, Recipe, Resources, ServiceSpec, Timeouts
 from corral.core.session import EnvironmentSession, ExecResult
 from corral.core.snapshot import EnvironmentFeatures, SnapshotRef
 from corral.errors import (
@@ -34,6 +34,7 @@ __all__ = [
     "ExecResult",
     "ExecutionPlan",
     "FeatureUnsupported",
+    "Healthcheck",
     "NetworkMode",
     "NetworkPolicy",
     "NetworkPolicyNotEnforced",
@@ -43,6 +44,7 @@ __all__ = [
     "Recipe",
     "RemotePathNotFound",
     "Resources",
+    "ServiceSpec",
     "SessionNotFound",
     "SnapshotRef",
     "StartupTimeout",

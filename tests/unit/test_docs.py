@@ -1,7 +1,8 @@
 """The docs site builds strictly (every link and anchor resolves, README and SECURITY.md
 included, the API reference generated), and every Python block of README and docs is
 run (the Quickstart: tests/integration/*/test_*_quickstart.py) or, where marked as a
-fragment, at least compiles and imports what it names from corral."""
+fragment, at least compiles and imports what it names from corral; every shell block says
+how it is checked."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import ast
 import importlib
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.readme import python_blocks
+from tests.readme import python_blocks, shell_blocks
 
 ROOT = Path(__file__).parent.parent.parent
 
@@ -34,9 +36,14 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
 
 
 def test_every_python_block_says_what_it_prints_or_is_marked_a_fragment() -> None:
-    # tests/integration/local/test_local_docs.py runs each that is not a fragment.
+    # tests/integration/{local,docker}/test_*_docs.py run each that is not a fragment, and
+    # test_agentcompass_docker.py those for AgentCompass (in the Python 3.12 stage).
     unsaid = [b.where for b in python_blocks() if b.fragment is None and b.prints is None]
     assert unsaid == [], unsaid
+    elsewhere = [
+        (b.where, b.on) for b in python_blocks() if b.on not in ("local", "docker", "agentcompass")
+    ]
+    assert elsewhere == [], "no suite runs blocks on these providers"
     assert sum(b.fragment is None for b in python_blocks()) >= 2
 
 
@@ -53,3 +60,14 @@ def test_each_block_compiles_and_its_corral_imports_exist(where: str, code: str)
             for alias in node.names:
                 if alias.name.startswith("corral"):
                     importlib.import_module(alias.name)
+
+
+def test_every_shell_block_says_how_it_is_checked() -> None:
+    # "runs": tests/integration/docker/test_docker_docs.py runs it line by line; any other
+    # word names the test or script that runs it, and that file exists.
+    for where, how, _ in shell_blocks():
+        assert how is not None, f"{where}: no <!-- shell: ... --> line before it"
+        if not how.startswith("runs"):
+            named = re.findall(r"(?:tests|bench|\.ci)/[\w./-]+", how)
+            assert named and all((ROOT / n.rstrip(".")).exists() for n in named), (where, how)
+    assert sum((how or "").startswith("runs") for _, how, _ in shell_blocks()) >= 2

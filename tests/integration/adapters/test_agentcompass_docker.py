@@ -8,12 +8,14 @@ the same lock file with every extra).
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from corral.adapters.agentcompass.contract import load
 from tests.integration.docker.conftest import HOLDER_IMAGE, TEST_IMAGE
+from tests.readme import Block, docker_leftovers, run_block, runnable
 
 pytest.importorskip(
     "agentcompass",
@@ -79,3 +81,14 @@ async def test_open_exec_files_policy_close(engine: Any, owner: str) -> None:
     finally:
         assert await session.close()
     assert not engine.containers.list(all=True, filters=selector)
+
+
+DOCS = runnable("agentcompass")
+
+
+@pytest.mark.parametrize("block", DOCS, ids=[b.where for b in DOCS])
+def test_the_docs_block_runs_through_agentcompass(
+    block: Block, engine: Any, tmp_path: Path
+) -> None:
+    run_block(block, tmp_path)
+    assert docker_leftovers(engine, "corral") == []
