@@ -4,10 +4,7 @@ the two transports' framing (Docker's engine stream headers, the k8s websocket).
 from __future__ import annotations
 
 import json
-import queue
 import struct
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -17,21 +14,13 @@ from websocket import ABNF
 
 from corral.core.session import ExecRequest
 from corral.errors import ProviderError
-from corral.helper.channel import (
-    MAX_FRAME,
-    Channel,
-    ChannelUnavailable,
-    FrameParser,
-    ProtocolError,
-    Refused,
-    frame,
-)
+from corral.helper.channel import Channel, Refused
+from corral.helper.link import MAX_FRAME, ChannelUnavailable, FrameParser, ProtocolError, frame
 from corral.providers.docker.channel import EngineStream
 from corral.providers.k8s.channel import WebSocketTransport
+from tests.unit.fake_helper import FakeHelper
 
 pytestmark = pytest.mark.anyio
-
-Reply = Callable[[int, int, bytes], list[bytes]]
 
 
 def test_frames_survive_any_split() -> None:
@@ -46,42 +35,6 @@ def test_frames_survive_any_split() -> None:
 def test_a_frame_of_a_bad_size_is_nonsense(size: int) -> None:
     with pytest.raises(ProtocolError):
         FrameParser().feed(struct.pack(">IBI", size, ord("o"), 1))
-
-
-class FakeHelper:
-    """A `Transport` whose far side is `reply(kind, id, payload) -> frames`."""
-
-    def __init__(self, reply: Reply, hello: bytes = b'{"version": 1}') -> None:
-        self.reply = reply
-        self.out: queue.Queue[bytes] = queue.Queue()
-        self.out.put(frame("H", 0, hello))
-        self.parser = FrameParser()
-        self.sent: list[tuple[int, int, bytes]] = []
-        self.closed = threading.Event()
-
-    def recv(self) -> bytes:
-        return self.out.get()
-
-    def send(self, data: bytes) -> None:
-        if self.closed.is_set():
-            raise OSError("shut")
-        for kind, rid, payload in self.parser.feed(data):
-            self.sent.append((kind, rid, payload))
-            for reply in self.reply(kind, rid, payload):
-                self.out.put(reply)
-
-    def shutdown(self) -> None:
-        self.closed.set()
-        self.out.put(b"")
-
-    def close(self) -> None:
-        pass
-
-    def diagnostics(self) -> str:
-        return "fake stderr"
-
-    def die(self) -> None:
-        self.out.put(b"")
 
 
 async def _channel(helper: FakeHelper) -> Channel:

@@ -34,49 +34,29 @@ through the plain path; the next call starts a fresh helper.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
-import math
-import struct
-import threading
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import anyio
-import anyio.from_thread
-import anyio.to_thread
 from anyio.lowlevel import EventLoopToken, current_token
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 
-from corral.core.blocking import run_blocking
 from corral.core.capture import Capture
 from corral.core.logs import event
 from corral.core.markers import MARKER, new_marker
 from corral.core.session import TIMEOUT_RETURNCODE, ExecRequest, ExecResult
 from corral.errors import ProviderError
+from corral.helper.link import ChannelUnavailable, FrameLink, Message, frame
 
 VERSION = 1
-#: the largest frame either side sends is a 32 KiB chunk; anything far larger is garbage
-MAX_FRAME = 1 << 20
 STDIN_CHUNK = 64 * 1024
-HELLO_TIMEOUT_S = 10.0
 #: how long a kill waits for the helper to report the command gone
 KILL_WAIT_S = 2.0
 #: seconds `aclose` waits for the reader thread once the stream is shut
 CLOSE_WAIT_S = 5.0
-#: bytes of the helper's own diagnostics (its stderr, the stream's status) kept
-DIAGNOSTICS = 2048
-_HEADER = struct.Struct(">IBI")
 _STREAM = {ord("o"): "stdout", ord("e"): "stderr"}
-
-
-class ChannelUnavailable(Exception):
-    """The helper could not be started here; the message says why."""
-
-
-class ProtocolError(Exception):
-    pass
 
 
 class Executor(Protocol):
@@ -111,64 +91,6 @@ class Stateless:
         pass
 
 
-class Transport(Protocol):
-    """The byte stream to one running helper: its stdin one way, its stdout the other."""
-
-    def recv(self) -> bytes:
-        """Blocking: the next bytes the helper wrote on its stdout; b"" once the stream
-        ended. Called from the channel's one reader thread only. Raises OSError (or
-        ValueError, ProtocolError) when the stream fails."""
-        ...
-
-    def send(self, data: bytes) -> None:
-        """Blocking, from any thread: `data` to the helper's stdin, all of it, in order.
-        Raises OSError once the stream is shut or broken."""
-        ...
-
-    def shutdown(self) -> None:
-        """Stop the stream: `recv` returns b"" soon after and `send` raises; the helper,
-        its stdin closed, kills what it runs and exits. Never blocks."""
-        ...
-
-    def close(self) -> None:
-        """Release the stream (called by the reader thread once it leaves)."""
-        ...
-
-    def diagnostics(self) -> str:
-        """What the helper or the stream's far side said on the way out (bounded)."""
-        ...
-
-
-def frame(kind: str, rid: int, payload: bytes = b"") -> bytes:
-    return _HEADER.pack(5 + len(payload), ord(kind), rid) + payload
-
-
-class FrameParser:
-    """The helper's frames out of its stdout bytes, as they arrive."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
-        self._buffer += data
-        frames: list[tuple[int, int, bytes]] = []
-        while len(self._buffer) >= _HEADER.size:
-            size, kind, rid = _HEADER.unpack_from(self._buffer)
-            if size < 5 or size > MAX_FRAME:
-                raise ProtocolError(f"frame of {size} bytes: {self.head()!r}")
-            if len(self._buffer) < 4 + size:
-                break
-            frames.append((kind, rid, bytes(self._buffer[_HEADER.size : 4 + size])))
-            del self._buffer[: 4 + size]
-        return frames
-
-    def head(self) -> bytes:
-        return bytes(self._buffer[:120])
-
-
-Message = tuple[int, bytes]  # (kind, payload); kind 0: the channel broke (payload: why)
-
-
 @dataclass(frozen=True)
 class Refused:
     """The helper refused a call before anything ran: it goes to plain exec."""
@@ -182,128 +104,10 @@ class KillFallback(Protocol):
         ...
 
 
-class Channel:
-    """One running helper and the stream to it."""
+class Channel(FrameLink):
+    """One running exec helper and the stream to it."""
 
-    def __init__(
-        self, transport: Transport, token: EventLoopToken, key: str, tokens: int, sandbox_id: str
-    ) -> None:
-        self.transport = transport
-        self.token = token
-        #: the limiter (`core.blocking`) its blocking writes run under
-        self.key = key
-        self.tokens = tokens
-        self.dead: str | None = None
-        self.hello: dict[str, Any] = {}
-        self._ids = itertools.count(1)
-        self._boxes: dict[int, MemoryObjectSendStream[Message]] = {}
-        self._parser = FrameParser()
-        self._thread: threading.Thread | None = None
-        self.sandbox_id = sandbox_id
-
-    # -- the reader thread: blocking reads, delivered to the loop in batches --------------
-
-    def start_reader(self) -> None:
-        self._thread = threading.Thread(
-            # Named for its session, which it lives as long as (see testing.leftovers).
-            target=self._read_loop,
-            name=f"corral-exec-channel-{self.sandbox_id}",
-            daemon=True,
-        )
-        self._thread.start()
-
-    def _read_loop(self) -> None:
-        reason = "the helper's stream ended"
-        try:
-            while True:
-                data = self.transport.recv()
-                if not data:
-                    break
-                frames = self._parser.feed(data)
-                if frames:
-                    anyio.from_thread.run_sync(self._deliver, frames, token=self.token)
-        except ProtocolError as exc:
-            reason = f"the helper spoke nonsense ({exc})"
-        except (OSError, ValueError) as exc:
-            reason = f"the helper's stream failed: {exc}"
-        except RuntimeError:
-            return  # the event loop is gone, and every caller with it
-        finally:
-            with contextlib.suppress(OSError):
-                self.transport.close()
-        diagnostics = self.transport.diagnostics()
-        if diagnostics:
-            reason = f"{reason}: {diagnostics}"
-        with contextlib.suppress(RuntimeError):
-            anyio.from_thread.run_sync(self._broken, reason, token=self.token)
-
-    def _deliver(self, frames: list[tuple[int, int, bytes]]) -> None:
-        for kind, rid, payload in frames:
-            box = self._boxes.get(rid)
-            if box is not None:
-                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    box.send_nowait((kind, payload))
-
-    def _broken(self, reason: str) -> None:
-        if self.dead is None:
-            self.dead = reason
-        for box in self._boxes.values():
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                box.send_nowait((0, reason.encode()))
-
-    def close(self) -> None:
-        """Stop using this helper: its stream is shut, so it kills what it runs and exits;
-        the reader thread sees the end and leaves. Never blocks."""
-        if self.dead is None:
-            self.dead = "closed"
-        with contextlib.suppress(OSError):
-            self.transport.shutdown()
-
-    async def join(self, timeout_s: float) -> None:
-        """Wait (off the loop, which the reader may still need once) for the reader thread
-        to leave after `close`."""
-        thread = self._thread
-        if thread is not None:
-            await anyio.to_thread.run_sync(thread.join, timeout_s)
-
-    # -- the event loop side ---------------------------------------------------------------
-
-    def _open_box(self, rid: int) -> MemoryObjectReceiveStream[Message]:
-        send, receive = anyio.create_memory_object_stream[Message](math.inf)
-        self._boxes[rid] = send
-        return receive
-
-    def _close_box(self, rid: int, receive: MemoryObjectReceiveStream[Message]) -> None:
-        box = self._boxes.pop(rid, None)
-        if box is not None:
-            box.close()
-        receive.close()
-
-    async def _write(self, data: bytes) -> None:
-        try:
-            await run_blocking(self.key, self.tokens, self.transport.send, data)
-        except OSError as exc:
-            self.close()
-            raise ProviderError(f"the exec channel broke: {exc}") from None
-
-    async def await_hello(self) -> None:
-        receive = self._open_box(0)
-        try:
-            with anyio.fail_after(HELLO_TIMEOUT_S):
-                kind, payload = await receive.receive()
-        except TimeoutError:
-            raise ChannelUnavailable("the helper did not answer") from None
-        finally:
-            self._close_box(0, receive)
-        if kind != ord("H"):
-            raise ChannelUnavailable(payload.decode(errors="replace") or "no hello")
-        try:
-            hello = json.loads(payload)
-        except ValueError:
-            raise ChannelUnavailable(f"a malformed hello: {payload[:120]!r}") from None
-        if not isinstance(hello, dict) or hello.get("version") != VERSION:  # pyright: ignore[reportUnknownMemberType]
-            raise ChannelUnavailable(f"a helper of another version: {payload[:120]!r}")
-        self.hello = dict(hello)  # pyright: ignore[reportUnknownArgumentType]
+    version = VERSION
 
     async def run(
         self,
@@ -317,7 +121,7 @@ class Channel:
         `cwd` "": the helper's own working directory."""
         if self.dead is not None:
             raise ProviderError(f"the exec channel broke: {self.dead}")
-        rid = next(self._ids)
+        rid = next(self.ids)
         marker = new_marker()
         spec = {
             "argv": request.args,
@@ -336,10 +140,10 @@ class Channel:
             ]
             message.append(frame("C", rid))
         capture = Capture(request.output_limit, request.on_output)
-        receive = self._open_box(rid)
+        receive = self.open_box(rid)
         finished = False
         try:
-            await self._write(b"".join(message))
+            await self.write(b"".join(message))
             with anyio.move_on_after(request.timeout):
                 outcome = await self._collect(receive, capture)
                 finished = True
@@ -350,7 +154,7 @@ class Channel:
                 # A timeout, a cancellation or a broken stream: end the tree, bounded.
                 with anyio.CancelScope(shield=True):
                     await self._kill(rid, receive, marker, user, kill_fallback)
-            self._close_box(rid, receive)
+            self.close_box(rid, receive)
 
     async def _collect(
         self, receive: MemoryObjectReceiveStream[Message], capture: Capture
@@ -379,7 +183,7 @@ class Channel:
         confirmed = False
         if self.dead is None:
             with contextlib.suppress(ProviderError):
-                await self._write(frame("K", rid))
+                await self.write(frame("K", rid))
                 with anyio.move_on_after(KILL_WAIT_S):
                     async for kind, _ in receive:
                         if kind in (ord("X"), ord("F"), 0):

@@ -1,0 +1,250 @@
+"""One framed byte stream to a program of corral's in the sandbox, shared by the exec
+channel (`channel.py`) and the process manager's client (`procs.py`).
+
+Frames, both ways: `u32 length | u8 kind | u32 id | payload` (length counts kind, id and
+payload). A `Transport` carries the bytes (Docker: the engine's hijacked exec socket;
+Kubernetes: the exec websocket; `local`: a child's pipes); one reader thread per link
+parses what arrives and hands each frame, on the event loop, to the mailbox of its id.
+What arrives is read as hostile input: frames are bounded, and a malformed one breaks
+the link, never the harness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import math
+import struct
+import threading
+from typing import Any, ClassVar, Protocol, TypeVar
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from anyio.lowlevel import EventLoopToken
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from corral.core.blocking import run_blocking
+from corral.errors import ProviderError
+
+#: the largest frame either side sends is a 32 KiB chunk; anything far larger is garbage
+MAX_FRAME = 1 << 20
+HELLO_TIMEOUT_S = 10.0
+#: bytes of the far side's own diagnostics (its stderr, the stream's status) kept
+DIAGNOSTICS = 2048
+_HEADER = struct.Struct(">IBI")
+
+
+class ChannelUnavailable(Exception):
+    """The program could not be started here; the message says why."""
+
+
+class ProtocolError(Exception):
+    pass
+
+
+class Transport(Protocol):
+    """The byte stream to one running program: its stdin one way, its stdout the other."""
+
+    def recv(self) -> bytes:
+        """Blocking: the next bytes the program wrote on its stdout; b"" once the stream
+        ended. Called from the link's one reader thread only. Raises OSError (or
+        ValueError, ProtocolError) when the stream fails."""
+        ...
+
+    def send(self, data: bytes) -> None:
+        """Blocking, from any thread: `data` to the program's stdin, all of it, in order.
+        Raises OSError once the stream is shut or broken."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the stream: `recv` returns b"" soon after and `send` raises; the program,
+        its stdin closed, ends what it owns on this stream. Never blocks."""
+        ...
+
+    def close(self) -> None:
+        """Release the stream (called by the reader thread once it leaves)."""
+        ...
+
+    def diagnostics(self) -> str:
+        """What the program or the stream's far side said on the way out (bounded)."""
+        ...
+
+
+def frame(kind: str, rid: int, payload: bytes = b"") -> bytes:
+    return _HEADER.pack(5 + len(payload), ord(kind), rid) + payload
+
+
+class FrameParser:
+    """The program's frames out of its stdout bytes, as they arrive."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
+        self._buffer += data
+        frames: list[tuple[int, int, bytes]] = []
+        while len(self._buffer) >= _HEADER.size:
+            size, kind, rid = _HEADER.unpack_from(self._buffer)
+            if size < 5 or size > MAX_FRAME:
+                raise ProtocolError(f"frame of {size} bytes: {self.head()!r}")
+            if len(self._buffer) < 4 + size:
+                break
+            frames.append((kind, rid, bytes(self._buffer[_HEADER.size : 4 + size])))
+            del self._buffer[: 4 + size]
+        return frames
+
+    def head(self) -> bytes:
+        return bytes(self._buffer[:120])
+
+
+Message = tuple[int, bytes]  # (kind, payload); kind 0: the link broke (payload: why)
+
+
+class FrameLink:
+    """One running program and the stream to it: requests out, each id's frames into its
+    own mailbox."""
+
+    #: the protocol version the program's hello must carry
+    version: ClassVar[int]
+
+    def __init__(
+        self, transport: Transport, token: EventLoopToken, key: str, tokens: int, sandbox_id: str
+    ) -> None:
+        self.transport = transport
+        self.token = token
+        #: the limiter (`core.blocking`) its blocking writes run under
+        self.key = key
+        self.tokens = tokens
+        self.dead: str | None = None
+        self.hello: dict[str, Any] = {}
+        self.ids = itertools.count(1)
+        self._boxes: dict[int, MemoryObjectSendStream[Message]] = {}
+        self._parser = FrameParser()
+        self._thread: threading.Thread | None = None
+        self.sandbox_id = sandbox_id
+
+    # -- the reader thread: blocking reads, delivered to the loop in batches --------------
+
+    def start_reader(self) -> None:
+        self._thread = threading.Thread(
+            # Named for its session, which it lives as long as (see testing.leftovers).
+            target=self._read_loop,
+            name=f"corral-exec-channel-{self.sandbox_id}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _read_loop(self) -> None:
+        reason = "the helper's stream ended"
+        try:
+            while True:
+                data = self.transport.recv()
+                if not data:
+                    break
+                frames = self._parser.feed(data)
+                if frames:
+                    anyio.from_thread.run_sync(self._deliver, frames, token=self.token)
+        except ProtocolError as exc:
+            reason = f"the helper spoke nonsense ({exc})"
+        except (OSError, ValueError) as exc:
+            reason = f"the helper's stream failed: {exc}"
+        except RuntimeError:
+            return  # the event loop is gone, and every caller with it
+        finally:
+            with contextlib.suppress(OSError):
+                self.transport.close()
+        diagnostics = self.transport.diagnostics()
+        if diagnostics:
+            reason = f"{reason}: {diagnostics}"
+        with contextlib.suppress(RuntimeError):
+            anyio.from_thread.run_sync(self._broken, reason, token=self.token)
+
+    def _deliver(self, frames: list[tuple[int, int, bytes]]) -> None:
+        for kind, rid, payload in frames:
+            box = self._boxes.get(rid)
+            if box is not None:
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    box.send_nowait((kind, payload))
+
+    def _broken(self, reason: str) -> None:
+        if self.dead is None:
+            self.dead = reason
+        for box in self._boxes.values():
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                box.send_nowait((0, reason.encode()))
+
+    def close(self) -> None:
+        """Stop using this program: its stream is shut, so it ends what it owns on this
+        stream; the reader thread sees the end and leaves. Never blocks."""
+        if self.dead is None:
+            self.dead = "closed"
+        with contextlib.suppress(OSError):
+            self.transport.shutdown()
+
+    async def join(self, timeout_s: float) -> None:
+        """Wait (off the loop, which the reader may still need once) for the reader thread
+        to leave after `close`."""
+        thread = self._thread
+        if thread is not None:
+            await anyio.to_thread.run_sync(thread.join, timeout_s)
+
+    # -- the event loop side ---------------------------------------------------------------
+
+    def open_box(self, rid: int) -> MemoryObjectReceiveStream[Message]:
+        # Unbounded: what a box can hold is bounded by the protocol (a reply, or a window).
+        send, receive = anyio.create_memory_object_stream[Message](math.inf)
+        self._boxes[rid] = send
+        if self.dead is not None:
+            send.send_nowait((0, self.dead.encode()))
+        return receive
+
+    def close_box(self, rid: int, receive: MemoryObjectReceiveStream[Message]) -> None:
+        box = self._boxes.pop(rid, None)
+        if box is not None:
+            box.close()
+        receive.close()
+
+    async def write(self, data: bytes) -> None:
+        try:
+            await run_blocking(self.key, self.tokens, self.transport.send, data)
+        except OSError as exc:
+            self.close()
+            raise ProviderError(f"the exec channel broke: {exc}") from None
+
+    async def await_hello(self) -> None:
+        receive = self.open_box(0)
+        try:
+            with anyio.fail_after(HELLO_TIMEOUT_S):
+                kind, payload = await receive.receive()
+        except TimeoutError:
+            raise ChannelUnavailable("the helper did not answer") from None
+        finally:
+            self.close_box(0, receive)
+        if kind != ord("H"):
+            raise ChannelUnavailable(payload.decode(errors="replace") or "no hello")
+        try:
+            hello = json.loads(payload)
+        except ValueError:
+            raise ChannelUnavailable(f"a malformed hello: {payload[:120]!r}") from None
+        if not isinstance(hello, dict) or hello.get("version") != self.version:  # pyright: ignore[reportUnknownMemberType]
+            raise ChannelUnavailable(f"a helper of another version: {payload[:120]!r}")
+        self.hello = dict(hello)  # pyright: ignore[reportUnknownArgumentType]
+
+
+L = TypeVar("L", bound=FrameLink)
+
+
+async def greeted(link: L) -> L:
+    """`link` with its reader running, once its program said hello; closed, and
+    ChannelUnavailable saying why, when it does not."""
+    link.start_reader()
+    try:
+        await link.await_hello()
+    except BaseException as exc:
+        link.close()
+        if isinstance(exc, ChannelUnavailable) and link.dead not in (None, "closed"):
+            raise ChannelUnavailable(f"{exc}: {link.dead}") from None
+        raise
+    return link
