@@ -16,6 +16,8 @@
 // corral -> helper: 'R' run (JSON spec), 'I' stdin bytes, 'C' end of stdin, 'K' kill.
 // helper -> corral: 'H' hello (JSON, id 0), 'o' stdout bytes, 'e' stderr bytes,
 // 'X' exit (JSON), 'F' refused before anything ran (text).
+//
+// The --procs modes (the session's process manager) are described in procs.go.
 package main
 
 import (
@@ -64,12 +66,42 @@ type writer struct {
 	out io.Writer
 }
 
-func (w *writer) frame(kind byte, id uint32, payload []byte) {
+func encodeFrame(kind byte, id uint32, payload []byte) []byte {
 	buf := make([]byte, 9+len(payload))
-	binary.BigEndian.PutUint32(buf[0:4], uint32(5+len(payload)))
+	copy(buf[9:], payload)
+	putHeader(buf, kind, id)
+	return buf
+}
+
+// putHeader fills in the first 9 bytes of buf, a frame whose payload follows them.
+func putHeader(buf []byte, kind byte, id uint32) {
+	binary.BigEndian.PutUint32(buf[0:4], uint32(len(buf)-4))
 	buf[4] = kind
 	binary.BigEndian.PutUint32(buf[5:9], id)
-	copy(buf[9:], payload)
+}
+
+var errBadFrame = errors.New("bad frame")
+
+// readFrame reads one frame; a size outside the protocol's is an error, since what
+// follows it cannot be trusted to be framed either.
+func readFrame(in *bufio.Reader) (kind byte, id uint32, payload []byte, err error) {
+	var header [9]byte
+	if _, err = io.ReadFull(in, header[:]); err != nil {
+		return 0, 0, nil, err
+	}
+	size := binary.BigEndian.Uint32(header[0:4])
+	if size < 5 || size > maxFrame {
+		return 0, 0, nil, errBadFrame
+	}
+	payload = make([]byte, size-5)
+	if _, err = io.ReadFull(in, payload); err != nil {
+		return 0, 0, nil, err
+	}
+	return header[4], binary.BigEndian.Uint32(header[5:9]), payload, nil
+}
+
+func (w *writer) frame(kind byte, id uint32, payload []byte) {
+	buf := encodeFrame(kind, id, payload)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if _, err := w.out.Write(buf); err != nil {
@@ -179,6 +211,22 @@ func main() {
 		killMarked(os.Args[2])
 		return
 	}
+	if len(os.Args) >= 2 && os.Args[1] == "--procs-stdio" {
+		cgroup := ""
+		if len(os.Args) >= 3 {
+			cgroup = os.Args[2]
+		}
+		procsStdioMain(cgroup)
+		return
+	}
+	if len(os.Args) >= 3 && os.Args[1] == "--procs" {
+		procsRelayMain(os.Args[2])
+		return
+	}
+	if len(os.Args) >= 3 && os.Args[1] == "--procs-serve" {
+		procsServeMain(os.Args[2])
+		return
+	}
 	if len(os.Args) < 3 {
 		fmt.Fprintln(os.Stderr, "usage: corral-exec SELF-PATH HOME-FROM-CONFIG(0|1)")
 		os.Exit(2)
@@ -199,19 +247,9 @@ func main() {
 	out.frame('H', 0, hello)
 
 	in := bufio.NewReaderSize(os.Stdin, 256<<10)
-	header := make([]byte, 9)
 	for {
-		if _, err := io.ReadFull(in, header); err != nil {
-			break
-		}
-		size := binary.BigEndian.Uint32(header[0:4])
-		if size < 5 || size > maxFrame {
-			break
-		}
-		kind := header[4]
-		id := binary.BigEndian.Uint32(header[5:9])
-		payload := make([]byte, size-5)
-		if _, err := io.ReadFull(in, payload); err != nil {
+		kind, id, payload, err := readFrame(in)
+		if err != nil {
 			break
 		}
 		switch kind {
@@ -288,22 +326,10 @@ func start(id uint32, payload []byte) {
 		refuse(id, fmt.Errorf("bad request"))
 		return
 	}
-	var u execUser
-	var env []string
-	if s.AsSelf {
-		u = execUser{uid: os.Getuid(), gid: os.Getgid()}
-		env = mergeEnv(os.Environ(), s.Env)
-	} else {
-		var err error
-		u, err = resolveUser(s.User)
-		if err != nil {
-			refuse(id, err)
-			return
-		}
-		env = mergeEnv(baseEnv(), s.Env)
-		if _, ok := getenv(env, "HOME"); !ok {
-			env = append(env, "HOME="+u.home)
-		}
+	u, env, err := userEnv(s)
+	if err != nil {
+		refuse(id, err)
+		return
 	}
 	path, err := lookPath(s.Argv[0], env, s.Cwd)
 	if err != nil {
@@ -377,6 +403,22 @@ func start(id uint32, payload []byte) {
 	jobs[id] = j
 	jobMu.Unlock()
 	go j.wait(cmd)
+}
+
+// userEnv is the user a spec runs as and the environment it gets, as the engine sets them.
+func userEnv(s spec) (execUser, []string, error) {
+	if s.AsSelf {
+		return execUser{uid: os.Getuid(), gid: os.Getgid()}, mergeEnv(os.Environ(), s.Env), nil
+	}
+	u, err := resolveUser(s.User)
+	if err != nil {
+		return u, nil, err
+	}
+	env := mergeEnv(baseEnv(), s.Env)
+	if _, ok := getenv(env, "HOME"); !ok {
+		env = append(env, "HOME="+u.home)
+	}
+	return u, env, nil
 }
 
 func (j *job) wait(cmd *exec.Cmd) {
@@ -454,17 +496,22 @@ func (j *job) kill() {
 	j.mu.Unlock()
 	_ = syscall.Kill(-j.pid, syscall.SIGKILL)
 	_ = syscall.Kill(j.pid, syscall.SIGKILL)
-	if j.marker == "" {
+	killMarkedAs(j.uid, j.gid, j.marker)
+}
+
+// killMarkedAs runs killMarked as the user whose processes carry the marker.
+func killMarkedAs(uid, gid int, value string) {
+	if value == "" {
 		return
 	}
-	if j.uid == os.Getuid() {
-		killMarked(j.marker)
+	if uid == os.Getuid() {
+		killMarked(value)
 		return
 	}
 	// Root in the sandbox lacks CAP_SYS_PTRACE: another user's environ is read as that user.
-	cmd := exec.Command(self, "--kill", j.marker)
+	cmd := exec.Command(self, "--kill", value)
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: uint32(j.uid), Gid: uint32(j.gid)},
+		Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)},
 	}
 	_ = cmd.Run()
 }
