@@ -7,7 +7,15 @@ imports its SDK only when it is used.
 from corral.core.environment import ENVIRONMENTS, BaseEnvironment
 from corral.core.lifecycle import TaskRun
 from corral.core.plan import ExecutionPlan, Healthcheck, Recipe, Resources, ServiceSpec, Timeouts
+from corral.core.processes import (
+    Process,
+    ProcessExited,
+    ProcessInfo,
+    ProcessOutput,
+    PtySize,
+)
 from corral.core.session import EnvironmentSession, ExecResult
+from corral.core.shell import Shell
 from corral.core.snapshot import EnvironmentFeatures, SnapshotRef
 from corral.errors import (
     ConfigError,
@@ -15,6 +23,7 @@ from corral.errors import (
     FeatureUnsupported,
     NetworkPolicyNotEnforced,
     NetworkPolicyUnsupported,
+    ProcessNotFound,
     ProviderError,
     RemotePathNotFound,
     SessionNotFound,
@@ -40,12 +49,19 @@ __all__ = [
     "NetworkPolicyNotEnforced",
     "NetworkPolicyUnsupported",
     "NetworkSchedule",
+    "Process",
+    "ProcessExited",
+    "ProcessInfo",
+    "ProcessNotFound",
+    "ProcessOutput",
     "ProviderError",
+    "PtySize",
     "Recipe",
     "RemotePathNotFound",
     "Resources",
     "ServiceSpec",
     "SessionNotFound",
+    "Shell",
     "SnapshotRef",
     "StartupTimeout",
     "TaskRun",

@@ -65,6 +65,11 @@ class SessionNotFound(CorralError, LookupError):
         super().__init__(f"no live sandbox has session_id {session_id!r}{detail}")
 
 
+class ProcessNotFound(CorralError, LookupError):
+    """The session holds no process by this id (never started, or long exited and let go,
+    or its sandbox's processes were ended)."""
+
+
 class SessionIdTaken(ProviderError):
     """Another open created a sandbox with this session id first (it may still be starting)."""
 

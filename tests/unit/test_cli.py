@@ -15,7 +15,8 @@ def test_list_env_shows_local_with_its_modes() -> None:
     local = next(line for line in result.output.splitlines() if "│ local" in line)
     assert "public" in local and "yes" in local
     assert "features" in result.output
-    assert local.rstrip(" │").endswith("snapshot")  # and no reattach: see LocalEnvironment
+    features = local.rstrip(" │").rsplit("│", 1)[1]
+    assert "snapshot" in features and "reattach" not in features  # see LocalEnvironment
 
 
 def test_config_docs_documents_every_field() -> None:

@@ -10,6 +10,8 @@ import corral.helper
 from corral import ExecutionPlan, NetworkPolicyUnsupported, NetworkSchedule
 from corral.network.targets import EntryType
 from corral.providers.docker import DockerEnvironment
+from corral.providers.k8s import KubernetesEnvironment
+from corral.providers.local import LocalEnvironment
 
 
 def test_without_the_helper_names_and_events_are_not_offered(
@@ -21,6 +23,9 @@ def test_without_the_helper_names_and_events_are_not_offered(
     assert EntryType.WILDCARD_HOSTNAME not in caps.entry_types
     assert EntryType.IPV4_CIDR in caps.entry_types
     assert not DockerEnvironment.features().supports_network_events
+    for env in (DockerEnvironment, KubernetesEnvironment, LocalEnvironment):
+        features = env.features()
+        assert not (features.supports_processes or features.supports_pty), env.id
     plan = ExecutionPlan(network=NetworkSchedule(run="allowlist:api.example.com:443"))
     with pytest.raises(NetworkPolicyUnsupported, match="hostname"):
         DockerEnvironment().prepare(plan)
@@ -31,3 +36,5 @@ def test_with_the_helper_they_are() -> None:
     caps = DockerEnvironment.network_capabilities()
     assert {EntryType.HOSTNAME, EntryType.WILDCARD_HOSTNAME} <= caps.entry_types
     assert DockerEnvironment.features().supports_network_events
+    for env in (DockerEnvironment, KubernetesEnvironment):
+        assert env.features().supports_processes and env.features().supports_pty

@@ -94,6 +94,10 @@ async def test_providers_without_the_features_say_so() -> None:
     session = await env.open(ExecutionPlan())
     with pytest.raises(FeatureUnsupported, match="snapshot"):
         await session.save()
+    with pytest.raises(FeatureUnsupported, match="session.start"):
+        await session.start(["sleep", "1"])
+    with pytest.raises(FeatureUnsupported, match="session.start"):
+        await session.shell()
     await env.close(session)
     with pytest.raises(ProviderError, match="closed"):
         await session.save()
@@ -104,6 +108,8 @@ async def test_providers_without_the_features_say_so() -> None:
         "supports_snapshot": False,
         "supports_services": False,
         "supports_network_events": False,
+        "supports_processes": False,
+        "supports_pty": False,
     }
     assert ReattachableEnvironment.features().supports_reattach
 

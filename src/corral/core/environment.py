@@ -60,6 +60,9 @@ class BaseEnvironment(abc.ABC):
     supports_snapshot: ClassVar[bool] = False
     supports_services: ClassVar[bool] = False
     supports_network_events: ClassVar[bool] = False
+    #: `session.start`, `session.shell`, `session.processes()` (`_process_manager`)
+    supports_processes: ClassVar[bool] = False
+    supports_pty: ClassVar[bool] = False
     max_concurrent_opens: ClassVar[int] = 16
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -112,6 +115,8 @@ class BaseEnvironment(abc.ABC):
             supports_snapshot=cls.supports_snapshot,
             supports_services=cls.supports_services,
             supports_network_events=cls.supports_network_events,
+            supports_processes=cls.supports_processes,
+            supports_pty=cls.supports_pty,
         )
 
     @classmethod

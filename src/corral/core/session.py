@@ -15,6 +15,9 @@ Contract (every provider, checked by `corral.testing`):
   left with no network (or closed, if even that fails) and the error says which.
 - `network_events()`: the refused attempts so far, bounded, where the provider declares
   `supports_network_events`; `FeatureUnsupported` elsewhere.
+- `start`/`shell`/`processes()`/`process(id)`: processes the session owns
+  (`corral.core.processes`, `corral.core.shell`), where the provider declares
+  `supports_processes`; `end_workload()` and `close()` end them all.
 """
 
 from __future__ import annotations
@@ -35,12 +38,21 @@ from pydantic import BaseModel, ConfigDict
 
 from corral.core.logs import event
 from corral.core.output import DEFAULT_OUTPUT_LIMIT
+from corral.core.processes import (
+    DEFAULT_BUFFER_BYTES,
+    Process,
+    ProcessInfo,
+    ProcessManager,
+    PtySize,
+    StartRequest,
+)
 from corral.core.snapshot import SnapshotRef
 from corral.errors import (
     ConfigError,
     FeatureUnsupported,
     NetworkPolicyNotEnforced,
     NetworkPolicyUnsupported,
+    ProcessNotFound,
     ProviderError,
     WorkloadNotStopped,
 )
@@ -49,6 +61,7 @@ from corral.network.policy import NetworkPolicy, Phase
 
 if TYPE_CHECKING:
     from corral.core.environment import BaseEnvironment
+    from corral.core.shell import Shell
 
 log = logging.getLogger("corral.session")
 
@@ -182,6 +195,24 @@ def _stdin(stdin: object) -> bytes | None:
     raise ConfigError(f"exec stdin must be str or bytes, not {type(stdin).__name__}")
 
 
+def _flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} {value!r} must be True or False")
+    return value
+
+
+def _pty(pty: object) -> PtySize | None:
+    if pty is None or isinstance(pty, PtySize):
+        return pty
+    raise ConfigError(f"pty {pty!r} must be a PtySize(rows=..., cols=...) or None")
+
+
+def _name(name: object) -> str | None:
+    if name is not None and (not isinstance(name, str) or len(name) > 200 or "\0" in name):
+        raise ConfigError(f"process name {name!r} must be a string of at most 200 characters")
+    return name
+
+
 def _callback(on_output: Any) -> OutputCallback | None:
     if on_output is not None and not callable(on_output):
         raise ConfigError(f"exec on_output {on_output!r} must be callable (stream, text)")
@@ -202,6 +233,8 @@ class EnvironmentSession(abc.ABC):
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     #: seconds an exec may run when its call gives no timeout; None: no limit
     default_timeout: float | None = None
+    #: bytes of each started process's output kept on the sandbox's side
+    process_buffer_bytes: int = DEFAULT_BUFFER_BYTES
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -296,6 +329,100 @@ class EnvironmentSession(abc.ABC):
     async def _exec(self, request: ExecRequest) -> ExecResult:
         """Provider hook: run `request` under the contract of `exec`, whose arguments it
         holds already checked and normalized."""
+
+    # -- processes the session owns ------------------------------------------------------
+
+    async def start(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+        service: str | None = None,
+        stdin: bool = False,
+        pty: PtySize | None = None,
+        name: str | None = None,
+    ) -> Process:
+        """Start `command` in the background; the `Process` once it runs in the sandbox.
+
+        Arguments as for `exec`; `stdin=True` lets `proc.write` feed it; `pty` gives it a
+        terminal of that size (its output then all `stdout`); `name` is a label
+        `processes()` shows. The session owns it: `end_workload()` and `close()` kill it
+        with everything it started. Final: providers implement `_process_manager`.
+        """
+        request = StartRequest(
+            tuple(argv(command)),
+            cwd=_cwd(cwd),
+            env=_env(env),
+            user=_user(user),
+            service=self.service_name(service),
+            stdin=_flag(stdin, "stdin"),
+            pty=_pty(pty),
+            name=_name(name),
+            buffer_bytes=self.process_buffer_bytes,
+        )
+        if request.pty is not None and request.stdin:
+            raise ConfigError("a process with a pty reads its terminal: give pty= without stdin")
+        manager = await self._process_manager(request.service)
+        id = await manager.start(request)
+        event(
+            log,
+            "debug",
+            "process started",
+            sandbox=self.id,
+            process=id,
+            program=request.args[0],
+            service=request.service,
+            pty=request.pty is not None,
+        )
+        return Process(
+            manager, id, name=request.name, stdin=request.stdin, pty=request.pty is not None
+        )
+
+    async def processes(self, *, service: str | None = None) -> list[ProcessInfo]:
+        """The processes the session holds: running, and the last exited ones."""
+        return await (await self._process_manager(self.service_name(service))).list()
+
+    async def process(self, id: str, *, service: str | None = None) -> Process:
+        """A handle on process `id` again (also one another harness process started);
+        `ProcessNotFound` if the session holds none by that id."""
+        manager = await self._process_manager(self.service_name(service))
+        for info in await manager.list():
+            if info.id == id:
+                # What it was started with is the manager's to check: it refuses a write
+                # to a process without stdin, a resize of one without a terminal.
+                return Process(manager, id, name=info.name, stdin=True, pty=True)
+        raise ProcessNotFound(f"session {self.id!r} holds no process {id!r}")
+
+    async def shell(
+        self,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+        service: str | None = None,
+    ) -> Shell:
+        """A persistent shell (`corral.core.shell`): `await shell.run(command)` keeps cwd,
+        variables, functions and aliases from one command to the next."""
+        from corral.core.shell import Shell  # it builds on this module
+
+        request = StartRequest(
+            ("sh",),
+            cwd=_cwd(cwd),
+            env=_env(env),
+            user=_user(user),
+            service=self.service_name(service),
+            buffer_bytes=self.process_buffer_bytes,
+        )
+        manager = await self._process_manager(request.service)
+        return await Shell.start(manager, request, self.output_limit)
+
+    async def _process_manager(self, service: str | None) -> ProcessManager:
+        """Provider hook: what serves the processes of the sandbox or of `service`."""
+        raise FeatureUnsupported(
+            f"{type(self).__name__} cannot run background processes (session.start)"
+        )
 
     def service_name(self, service: object) -> str | None:
         """`service` checked against the plan's services (None: the sandbox itself)."""

@@ -18,6 +18,10 @@ class EnvironmentFeatures(BaseModel):
     supports_snapshot: bool
     supports_services: bool
     supports_network_events: bool
+    #: `session.start` and `session.shell` (background processes, stdin, signals)
+    supports_processes: bool = False
+    #: `session.start(..., pty=PtySize(...))`
+    supports_pty: bool = False
 
 
 class SnapshotRef(BaseModel):

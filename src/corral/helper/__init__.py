@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import tarfile
 from pathlib import Path
+from typing import Generic, TypeVar
 
 BIN_DIR = Path(__file__).parent / "bin"
 
@@ -32,6 +33,21 @@ def helper_binary(arch: str) -> Path | None:
 def helper_shipped() -> bool:
     """Whether this installation carries the helper for any architecture."""
     return any(BIN_DIR.glob("corral-exec-linux-*"))
+
+
+T = TypeVar("T")
+
+
+class WithHelper(Generic[T]):
+    """A provider's declaration of what needs corral's helper (the resolver of allowlisted
+    names, the refusal reader, the process manager), made only where this installation
+    carries it: a wheel or checkout without it must not advertise what would fail."""
+
+    def __init__(self, present: T, absent: T) -> None:
+        self.present, self.absent = present, absent
+
+    def __get__(self, obj: object, owner: type | None = None) -> T:
+        return self.present if helper_shipped() else self.absent
 
 
 def helper_archive(binary: Path, name: str) -> bytes:

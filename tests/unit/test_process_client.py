@@ -1,0 +1,149 @@
+"""The process manager's client (`corral.helper.procs`) against a fake manager: ids, the
+window it gives back, a cancelled start, refusals, and ids the sandbox's end took. The
+real manager runs in every provider's conformance suite (`corral.testing.processes`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+from anyio.lowlevel import EventLoopToken, current_token
+
+from corral.core.processes import KILLED, Gap, ProcessExited, PtySize, StartRequest
+from corral.errors import ConfigError, ProcessNotFound, RemotePathNotFound
+from corral.helper.link import frame
+from corral.helper.procs import WINDOW, ProcessClient, ProcessLink
+from tests.unit.fake_helper import FakeHelper
+
+pytestmark = pytest.mark.anyio
+
+HELLO = b'{"version": 2, "epoch": "e1"}'
+
+
+def _place(request: StartRequest) -> dict[str, Any]:
+    return {"argv": list(request.args), "cwd": "", "env": [], "user": "", "as_self": True}
+
+
+def _client(manager: FakeHelper) -> ProcessClient:
+    async def connect(token: EventLoopToken) -> ProcessLink:
+        link = ProcessLink(manager, current_token(), "unit", 4, "sid")
+        link.start_reader()
+        await link.await_hello()
+        return link
+
+    return ProcessClient(connect, _place, sandbox_id="sid")
+
+
+def _json(payload: bytes) -> Any:
+    return json.loads(payload)
+
+
+def _starts(kind: int, rid: int, payload: bytes) -> list[bytes]:
+    if kind == ord("S"):
+        if _json(payload)["argv"][0] == "missing":
+            return [frame("F", rid, b'{"kind": "program", "message": "missing: not found"}')]
+        return [frame("Y", rid, b'{"proc": 7, "pid": 100}')]
+    if kind in (ord("K"), ord("G")):
+        return [frame("Y", rid)]
+    return []
+
+
+async def test_a_started_process_is_named_by_the_managers_epoch_and_carries_a_marker() -> None:
+    manager = FakeHelper(_starts, HELLO)
+    client = _client(manager)
+    assert await client.start(StartRequest(("sleep", "1"), name="n")) == "e1-7"
+    (spec,) = [_json(p) for k, _, p in manager.sent if k == ord("S")]
+    assert spec["name"] == "n" and spec["argv"] == ["sleep", "1"]
+    assert any(e.startswith("CORRAL_EXEC=") for e in spec["env"]), "the tree can be found"
+    with pytest.raises(RemotePathNotFound, match="missing"):
+        await client.start(StartRequest(("missing",)))
+    with pytest.raises(ProcessNotFound, match="not a process id"):
+        await client.kill("nonsense")
+    with pytest.raises(ProcessNotFound, match="manager that is gone"):
+        await client.signal("e0-7", 2)
+    await client.aclose()
+
+
+async def test_a_start_cancelled_before_its_answer_kills_what_started() -> None:
+    held: list[int] = []
+
+    def late(kind: int, rid: int, payload: bytes) -> list[bytes]:
+        if kind == ord("S"):
+            held.append(rid)  # answered only after the caller gave up
+            return []
+        return _starts(kind, rid, payload)
+
+    manager = FakeHelper(late, HELLO)
+    client = _client(manager)
+    async with anyio.create_task_group() as tg:
+
+        async def cancelled_start() -> None:
+            with anyio.move_on_after(0.05):
+                await client.start(StartRequest(("sleep", "300")))
+
+        tg.start_soon(cancelled_start)
+        await anyio.sleep(0.1)
+        manager.out.put(frame("Y", held[0], b'{"proc": 3, "pid": 9}'))
+    kills = [_json(p) for k, _, p in manager.sent if k == ord("K")]
+    assert kills == [{"proc": 3}], "the process the cancelled start made was killed"
+    await client.aclose()
+
+
+async def test_a_reader_gives_the_window_back_as_it_takes_output() -> None:
+    chunk = b"x" * 32768
+    count = WINDOW // len(chunk) + 2
+
+    def stream(kind: int, rid: int, payload: bytes) -> list[bytes]:
+        if kind == ord("A"):
+            assert _json(payload) == {"proc": 7, "offset": 0, "window": WINDOW}
+            data = [frame("o", rid, chunk) for _ in range(count)]
+            return [frame("B", rid, b'{"offset": 0, "dropped": 0}'), *data]
+        return _starts(kind, rid, payload)
+
+    manager = FakeHelper(stream, HELLO)
+    client = _client(manager)
+    got = 0
+    async with client.attach("e1-7", 0) as items:
+        async for item in items:
+            if isinstance(item, Gap):
+                assert item == Gap(offset=0, dropped=0)
+                continue
+            assert not isinstance(item, ProcessExited)
+            got += len(item[1])
+            if got == count * len(chunk):
+                break
+    grants = sum(_json(p)["bytes"] for k, _, p in manager.sent if k == ord("W"))
+    assert grants >= WINDOW // 2, "taken output is given back as window"
+    assert any(k == ord("D") for k, _, _ in manager.sent), "a reader that leaves detaches"
+    await client.aclose()
+
+
+async def test_processes_the_sandboxs_end_took_report_killed() -> None:
+    manager = FakeHelper(_starts, HELLO)
+    client = _client(manager)
+    id = await client.start(StartRequest(("sleep", "300")))
+    client.reset()
+    async with client.attach(id, 0) as items:
+        assert [item async for item in items] == [KILLED]
+    await client.kill(id)  # already gone: nothing to do
+    with pytest.raises(ProcessNotFound, match="ended with the sandbox's workload"):
+        await client.write(id, b"x")
+    await client.aclose()
+
+
+async def test_refusals_name_the_process() -> None:
+    def refuse(kind: int, rid: int, payload: bytes) -> list[bytes]:
+        if kind == ord("I"):
+            return [frame("F", rid, b'{"kind": "stdin", "message": "no stdin"}')]
+        if kind == ord("Z"):
+            return [frame("F", rid, b'{"kind": "pty", "message": "no terminal"}')]
+        return _starts(kind, rid, payload)
+
+    client = _client(FakeHelper(refuse, HELLO))
+    with pytest.raises(ConfigError, match="e1-7.*no stdin"):
+        await client.write("e1-7", b"x")
+    with pytest.raises(ConfigError, match="no terminal"):
+        await client.resize("e1-7", PtySize())
+    await client.aclose()
