@@ -8,6 +8,7 @@ from corral import BaseEnvironment, ExecutionPlan
 from corral.providers.k8s import KubernetesEnvironment
 from corral.testing.conformance import *  # noqa: F403
 from corral.testing.plugin import EgressTarget
+from corral.testing.processes import *  # noqa: F403
 from tests.integration.k8s.conftest import TEST_IMAGE
 
 

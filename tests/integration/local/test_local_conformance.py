@@ -6,6 +6,7 @@ import pytest
 
 from corral import ENVIRONMENTS, BaseEnvironment, ExecutionPlan
 from corral.testing.conformance import *  # noqa: F403
+from corral.testing.processes import *  # noqa: F403
 
 
 @pytest.fixture

@@ -63,8 +63,8 @@ def shared_dir() -> Iterator[Path]:
 
 
 def in_cgroup(session: LocalSession) -> list[str]:
-    assert isinstance(session.processes, SessionCgroup), session.processes
-    return (session.processes.path / "cgroup.procs").read_text().split()
+    assert isinstance(session.tree, SessionCgroup), session.tree
+    return (session.tree.path / "cgroup.procs").read_text().split()
 
 
 async def test_nothing_from_the_run_phase_survives_into_evaluation(shared_dir: Path) -> None:
@@ -111,7 +111,7 @@ async def test_close_kills_what_the_session_left_running(shared_dir: Path) -> No
     started = await session.exec(start_loops(LAUNCH, str(shared_dir)))
     assert started.ok, started.stderr
     assert in_cgroup(session) != []
-    cgroup = session.processes
+    cgroup = session.tree
     assert isinstance(cgroup, SessionCgroup), cgroup
     await env.close(session)
     assert not cgroup.path.exists()
@@ -126,7 +126,7 @@ async def test_a_switch_sees_a_process_that_moved_into_a_child_cgroup(shared_dir
     session = await env.open(ExecutionPlan(network=schedule))
     try:
         assert isinstance(session, LocalSession)
-        cgroup = session.processes
+        cgroup = session.tree
         assert isinstance(cgroup, SessionCgroup), cgroup
         # As root, the workload makes a cgroup under its own and moves a loop into it:
         # the session's own cgroup.procs no longer lists it.

@@ -164,6 +164,9 @@ def test_a_user_who_is_not_root_runs_a_whole_task_run(
     assert seen["run_mode"] == "no-network", seen
     assert seen["run"].startswith("refused"), seen
     assert seen["run_uid"] == str(user.pw_uid), "commands keep their own uid under no-network"
+    assert seen["background"] == "up", seen
+    assert seen["shell"] == f"kept / {user.pw_uid}", seen
+    assert seen["background_exit"] == 137, "the run phase's end killed its background process"
     assert seen["evaluation"] == "connected", seen
     assert seen["left_in_sandbox"] == [], "the agent's detached process lived into evaluation"
     assert seen["policy_log"] == ["public", "no-network", "public", "public"], seen

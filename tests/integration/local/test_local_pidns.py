@@ -49,7 +49,7 @@ def counters(directory: Path) -> dict[str, int]:
 async def test_ending_a_phase_ends_every_process_the_session_started(counting: Path) -> None:
     async with LocalEnvironment().session(ExecutionPlan()) as session:
         assert isinstance(session, LocalSession)
-        processes = session.processes
+        processes = session.tree
         assert isinstance(processes, SessionPidNamespace), processes
         holder = processes.holder
         started = await session.exec(start_loops(LAUNCH | NESTED, str(counting)))

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.anyio
 
 
 def procs(session: LocalSession) -> list[str]:
-    assert isinstance(session.processes, SessionCgroup), session.processes
-    return (session.processes.path / "cgroup.procs").read_text().split()
+    assert isinstance(session.tree, SessionCgroup), session.tree
+    return (session.tree.path / "cgroup.procs").read_text().split()
 
 
 async def test_a_fork_has_the_files_and_none_of_the_processes(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ import contextlib
 import logging
 import socket
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -25,8 +27,16 @@ from docker.errors import APIError
 
 from corral.core.session import ExecRequest
 from corral.errors import ProviderError
-from corral.helper.channel import DIAGNOSTICS, Channel, ChannelUnavailable, ProtocolError
+from corral.helper.channel import Channel
 from corral.helper.channel import ChannelExecutor as _ChannelExecutor
+from corral.helper.link import (
+    DIAGNOSTICS,
+    ChannelUnavailable,
+    L,
+    ProtocolError,
+    Transport,
+    greeted,
+)
 from corral.providers.docker import programs
 from corral.providers.docker.engine import Engine, call
 from corral.providers.docker.execution import kill_tree
@@ -101,6 +111,61 @@ class SocketTransport:
         return self._stream.diagnostics.decode(errors="replace").strip()
 
 
+@dataclass(frozen=True)
+class Defaults:
+    """What an engine exec into the container gets when the call does not say."""
+
+    user: str
+    cwd: str
+    #: the HOME of the container's config, if it sets one
+    home: str | None
+
+
+async def container_defaults(api: Engine, tokens: int, container: str) -> Defaults:
+    """The container's exec defaults; ChannelUnavailable where this corral has no helper
+    for the engine's architecture (or the engine does not answer)."""
+    try:
+        version: dict[str, Any] = await call(tokens, api.version)
+        arch = str(version.get("Arch", ""))
+        if programs.helper(arch) is None:
+            raise ChannelUnavailable(
+                f"this corral has no helper binary for linux/{arch or '?'} "
+                "(build it with helper/build.sh)"
+            )
+        info: dict[str, Any] = await call(tokens, api.inspect_container, container)
+    except (APIError, ProviderError) as exc:
+        raise ChannelUnavailable(f"starting the helper failed: {exc}") from None
+    config: dict[str, Any] = info.get("Config") or {}
+    env: list[str] = config.get("Env") or []
+    home = next((e.partition("=")[2] for e in env if e.startswith("HOME=")), None)
+    return Defaults(str(config.get("User") or ""), str(config.get("WorkingDir") or "/"), home)
+
+
+async def start_program(
+    api: Engine, tokens: int, container: str, argv: list[str], link: Callable[[Transport], L]
+) -> L:
+    """One of corral's programs in `container` as root, from the read-only copy the
+    session's holder filled (nothing in the sandbox can write or replace it:
+    `corral.providers.docker.programs`), over one engine exec stream; once it said hello.
+    ChannelUnavailable (having cleaned up) when it cannot start or answer."""
+    try:
+        created: dict[str, Any] = await call(
+            tokens,
+            api.exec_create,
+            container,
+            argv,
+            stdin=True,
+            stdout=True,
+            stderr=True,
+            user="0",
+            workdir="/",
+        )
+        raw: Any = await call(tokens, api.exec_start, created["Id"], socket=True)
+    except (APIError, ProviderError) as exc:
+        raise ChannelUnavailable(f"starting {argv[0]} failed: {exc}") from None
+    return await greeted(link(SocketTransport(raw)))
+
+
 class ChannelExecutor(_ChannelExecutor):
     """Execs through a helper in the sandbox container; plain engine exec where it cannot."""
 
@@ -123,47 +188,16 @@ class ChannelExecutor(_ChannelExecutor):
             )
 
     async def _start(self, token: EventLoopToken) -> Channel:
-        try:
-            version: dict[str, Any] = await call(self.tokens, self.api.version)
-            arch = str(version.get("Arch", ""))
-            if programs.helper(arch) is None:
-                raise ChannelUnavailable(
-                    f"this corral has no helper binary for linux/{arch or '?'} "
-                    "(build it with helper/build.sh)"
-                )
-            info: dict[str, Any] = await call(
-                self.tokens, self.api.inspect_container, self.container
-            )
-            config: dict[str, Any] = info.get("Config") or {}
-            env: list[str] = config.get("Env") or []
-            home = any(entry.startswith("HOME=") for entry in env)
-            self._default_user = str(config.get("User") or "")
-            self._default_cwd = str(config.get("WorkingDir") or "/")
-            # The read-only copy the session's holder filled: nothing in the sandbox can
-            # write or replace it (corral.providers.docker.programs).
-            created: dict[str, Any] = await call(
-                self.tokens,
-                self.api.exec_create,
-                self.container,
-                [programs.HELPER, programs.HELPER, "1" if home else "0"],
-                stdin=True,
-                stdout=True,
-                stderr=True,
-                user="0",
-                workdir="/",
-            )
-            raw: Any = await call(self.tokens, self.api.exec_start, created["Id"], socket=True)
-        except (APIError, ProviderError) as exc:
-            raise ChannelUnavailable(f"starting the helper failed: {exc}") from None
-        channel = Channel(SocketTransport(raw), token, "docker", self.tokens, self.sandbox_id)
-        channel.start_reader()
-        try:
-            await channel.await_hello()
-            if not channel.hello.get("can_switch_user"):
-                raise ChannelUnavailable("the helper lacks CAP_SETUID/CAP_SETGID")
-        except BaseException as exc:
+        defaults = await container_defaults(self.api, self.tokens, self.container)
+        self._default_user, self._default_cwd = defaults.user, defaults.cwd
+        channel = await start_program(
+            self.api,
+            self.tokens,
+            self.container,
+            [programs.HELPER, programs.HELPER, "1" if defaults.home is not None else "0"],
+            lambda transport: Channel(transport, token, "docker", self.tokens, self.sandbox_id),
+        )
+        if not channel.hello.get("can_switch_user"):
             channel.close()
-            if isinstance(exc, ChannelUnavailable) and channel.dead not in (None, "closed"):
-                raise ChannelUnavailable(f"{exc}: {channel.dead}") from None
-            raise
+            raise ChannelUnavailable("the helper lacks CAP_SETUID/CAP_SETGID")
         return channel

@@ -31,7 +31,7 @@ import time
 import weakref
 from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar
 
 import anyio
 import docker
@@ -54,7 +54,7 @@ from corral.core.services import wait_healthy
 from corral.core.session import EnvironmentSession
 from corral.core.snapshot import SnapshotRef
 from corral.errors import ConfigError, NetworkPolicyNotEnforced, ProviderError, SessionIdTaken
-from corral.helper import helper_shipped
+from corral.helper import WithHelper
 from corral.network.events import EventLog
 from corral.network.policy import NetworkMode, NetworkPolicy, Phase
 from corral.network.probe import DISCARD_PORT
@@ -125,26 +125,11 @@ def sleep_until(expires_at: str) -> list[str]:
     return ["sh", "-c", 'exec sleep "$(( $1 - $(date +%s) ))"', "corral-lifetime", expires_at]
 
 
-T = TypeVar("T")
-
-
-class _WithHelper(Generic[T]):
-    """What needs corral's helper (the resolver of allowlisted names, the refusal reader)
-    is declared only where this installation carries it: a wheel or checkout without it
-    must not advertise what would fail at open."""
-
-    def __init__(self, present: T, absent: T) -> None:
-        self.present, self.absent = present, absent
-
-    def __get__(self, obj: object, owner: type | None = None) -> T:
-        return self.present if helper_shipped() else self.absent
-
-
 class DockerEnvironment(BaseEnvironment):
     id: ClassVar[str] = "docker"
     config_model = DockerConfig
     supported_network_modes = frozenset(NetworkMode)
-    supported_allowlist_entry_types = _WithHelper(  # type: ignore[assignment]
+    supported_allowlist_entry_types = WithHelper(  # type: ignore[assignment]
         frozenset(EntryType),
         frozenset(EntryType) - {EntryType.HOSTNAME, EntryType.WILDCARD_HOSTNAME},
     )
@@ -153,7 +138,9 @@ class DockerEnvironment(BaseEnvironment):
     supports_dynamic_network_policy = True
     supports_reattach = True
     supports_snapshot = True
-    supports_network_events = _WithHelper(True, False)  # type: ignore[assignment]
+    supports_network_events = WithHelper(True, False)  # type: ignore[assignment]
+    supports_processes = WithHelper(True, False)  # type: ignore[assignment]
+    supports_pty = WithHelper(True, False)  # type: ignore[assignment]
     supports_services = True
     max_concurrent_opens = 16
 
@@ -356,6 +343,7 @@ class DockerEnvironment(BaseEnvironment):
         )
         # Unwound first: the exec channel's stream and reader thread end with the session.
         owned.push_async_callback(session.executor.aclose)
+        owned.push_async_callback(session.procs.aclose)
         session.resolution = baseline
         try:
             await session.check_runtime(plan.network.baseline)
@@ -712,6 +700,7 @@ class DockerEnvironment(BaseEnvironment):
             owned.push_async_callback(remove_container, client, tokens, info["Id"], session_id)
         owned.push_async_callback(readers.aclose)
         owned.push_async_callback(session.executor.aclose)
+        owned.push_async_callback(session.procs.aclose)
         return session, owned
 
     async def _from_snapshot(self, ref: SnapshotRef, plan: ExecutionPlan) -> ExecutionPlan:

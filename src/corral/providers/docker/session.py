@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from anyio.lowlevel import EventLoopToken
 from docker.errors import APIError, NotFound
 
 from corral.core.labels import OWNER
 from corral.core.logs import event
+from corral.core.processes import ProcessManager, StartRequest
 from corral.core.session import DOWNLOAD_LIMIT_BYTES, EnvironmentSession, ExecRequest, ExecResult
 from corral.core.snapshot import SnapshotRef
 from corral.core.tarsafe import extract_file, extract_tar, pack_dir, pack_file, validate_dir
@@ -28,6 +30,8 @@ from corral.errors import (
     RemotePathNotFound,
     WorkloadNotStopped,
 )
+from corral.helper.link import ChannelUnavailable
+from corral.helper.procs import ProcessClient, ProcessLink
 from corral.network.events import EventLog, NetworkEvents
 from corral.network.policy import NetworkPolicy, Phase
 from corral.network.probe import DISCARD_PORT, forbidden_probe
@@ -35,7 +39,12 @@ from corral.network.resolve import Resolution, needs_dns
 from corral.network.targets import EntryType, IPAddress
 from corral.network.wildcard import uses_resolver
 from corral.providers.docker import programs, snapshots
-from corral.providers.docker.channel import ChannelExecutor
+from corral.providers.docker.channel import (
+    ChannelExecutor,
+    Defaults,
+    container_defaults,
+    start_program,
+)
 from corral.providers.docker.enforcement import (
     Upstream,
     apply_policy,
@@ -144,6 +153,8 @@ class DockerSession(EnvironmentSession):
         #: the running services' containers, by name (`add_service`); a name of
         #: `services` missing here is a service whose container is gone
         self.service_containers: dict[str, Container] = {}
+        self.procs = ProcessClient(self._connect_procs, self._place_process, sandbox_id=id)
+        self._defaults: Defaults | None = None
 
     def add_service(self, name: str, info: dict[str, Any]) -> None:
         """`service=name` reaches the container the engine inspected as `info`."""
@@ -161,6 +172,47 @@ class DockerSession(EnvironmentSession):
         if found is None:
             raise ProviderError(f"sandbox {self.id}: the container of service {name!r} is gone")
         return found
+
+    async def _process_manager(self, service: str | None) -> ProcessManager:
+        if service is not None:
+            raise FeatureUnsupported(
+                f"background processes in a service (service={service!r}): a service runs "
+                "none of corral's programs; use exec(..., service=...)"
+            )
+        return self.procs
+
+    async def _connect_procs(self, token: EventLoopToken) -> ProcessLink:
+        """A stream to the sandbox's process manager (started by the first one, from the
+        programs volume, as root: it starts each process as its user)."""
+        try:
+            if self._defaults is None:
+                self._defaults = await container_defaults(
+                    self.client.api, self.tokens, self.sandbox
+                )
+            return await start_program(
+                self.client.api,
+                self.tokens,
+                self.sandbox,
+                [programs.HELPER, "--procs", self.id],
+                lambda transport: ProcessLink(transport, token, "docker", self.tokens, self.id),
+            )
+        except ChannelUnavailable as exc:
+            raise FeatureUnsupported(
+                f"sandbox {self.id}: background processes need corral's process manager: {exc}"
+            ) from None
+
+    def _place_process(self, request: StartRequest) -> dict[str, Any]:
+        defaults = self._defaults or Defaults("", "/", None)
+        env = dict(request.env)
+        if defaults.home is not None:
+            env.setdefault("HOME", defaults.home)  # as an engine exec keeps the config's
+        return {
+            "argv": list(request.args),
+            "cwd": self._absolute(request.cwd) if request.cwd is not None else self.workdir,
+            "env": [f"{k}={v}" for k, v in env.items()],
+            "user": request.user or self.user or defaults.user,
+            "as_self": False,
+        }
 
     async def _exec(self, request: ExecRequest) -> ExecResult:
         """In the sandbox through the exec channel or one engine exec per command
@@ -291,6 +343,7 @@ class DockerSession(EnvironmentSession):
         """
         api = self.client.api
         self.executor.reset()  # the exec channel's helper dies with the workload
+        self.procs.reset()  # so do the process manager and every process it held
         try:
             before = set(await self._host_processes())
             old: dict[str, Any] = await call(self.tokens, api.inspect_container, self.sandbox)

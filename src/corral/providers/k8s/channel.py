@@ -33,6 +33,7 @@ import selectors
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -45,14 +46,16 @@ from corral.core.output import BoundedOutput
 from corral.core.session import ExecRequest, ExecResult
 from corral.errors import ProviderError
 from corral.helper import helper_archive, helper_binary
-from corral.helper.channel import (
-    DIAGNOSTICS,
-    Channel,
-    ChannelUnavailable,
-    ProtocolError,
-    Stateless,
-)
+from corral.helper.channel import Channel, Stateless
 from corral.helper.channel import ChannelExecutor as _ChannelExecutor
+from corral.helper.link import (
+    DIAGNOSTICS,
+    ChannelUnavailable,
+    L,
+    ProtocolError,
+    Transport,
+    greeted,
+)
 from corral.providers.k8s import probe
 from corral.providers.k8s.api import call, explain
 from corral.providers.k8s.execution import (
@@ -282,6 +285,7 @@ class ChannelExecutor(_ChannelExecutor):
         self.target = target
         self.plain: PlainExecutor = PlainExecutor(target)
         super().__init__(self.plain, sandbox_id, log)
+        self._installed = False
 
     async def run(self, request: ExecRequest) -> ExecResult:
         try:
@@ -340,30 +344,36 @@ class ChannelExecutor(_ChannelExecutor):
                 f"{stderr.text().strip()[:300]}"
             )
 
+    async def installed(self) -> str:
+        """The path of corral's helper in the sandbox (the read-only programs volume),
+        copied there once; ChannelUnavailable where this corral has none for the node."""
+        if not self._installed:
+            arch = await self._arch()
+            binary = helper_binary(arch)
+            if binary is None:
+                raise ChannelUnavailable(
+                    f"this corral has no helper binary for linux/{arch or '?'} "
+                    "(build it with helper/build.sh)"
+                )
+            await self._copy(binary)
+            self._installed = True
+        return f"{PROGRAMS}/{_HELPER}"
+
     async def _start(self, token: EventLoopToken) -> Channel:
-        target = self.target
-        arch = await self._arch()
-        binary = helper_binary(arch)
-        if binary is None:
-            raise ChannelUnavailable(
-                f"this corral has no helper binary for linux/{arch or '?'} "
-                "(build it with helper/build.sh)"
-            )
-        await self._copy(binary)
-        path = f"{PROGRAMS}/{_HELPER}"
-        # Refused or lost, the API server fails this call as it would a plain exec (a
-        # ProviderError); the next call tries again.
-        try:
-            ws = await call(target.tokens, connect, target, [path, path, "1"], stdin=True)
-        except ApiException as exc:
-            raise ProviderError(f"exec in Pod {target.pod} failed: {explain(exc)}") from None
-        channel = Channel(WebSocketTransport(ws), token, "k8s", target.tokens, self.sandbox_id)
-        channel.start_reader()
-        try:
-            await channel.await_hello()
-        except BaseException as exc:
-            channel.close()
-            if isinstance(exc, ChannelUnavailable) and channel.dead not in (None, "closed"):
-                raise ChannelUnavailable(f"{exc}: {channel.dead}") from None
-            raise
-        return channel
+        path = await self.installed()
+        return await start_program(
+            self.target,
+            [path, path, "1"],
+            lambda transport: Channel(transport, token, "k8s", self.target.tokens, self.sandbox_id),
+        )
+
+
+async def start_program(target: Target, argv: list[str], link: Callable[[Transport], L]) -> L:
+    """One of corral's programs in the sandbox container over one websocket exec, once it
+    said hello. Refused or lost, the API server fails this call as it would a plain exec
+    (a ProviderError); ChannelUnavailable (having cleaned up) if it does not answer."""
+    try:
+        ws = await call(target.tokens, connect, target, argv, stdin=True)
+    except ApiException as exc:
+        raise ProviderError(f"exec in Pod {target.pod} failed: {explain(exc)}") from None
+    return await greeted(link(WebSocketTransport(ws)))

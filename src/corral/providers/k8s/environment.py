@@ -37,6 +37,7 @@ from corral.core.session import EnvironmentSession
 from corral.core.snapshot import SnapshotRef
 from corral.core.snapshot_store import SnapshotShelf, default_root
 from corral.errors import ConfigError, NetworkPolicyNotEnforced, ProviderError, SessionIdTaken
+from corral.helper import WithHelper
 from corral.network.policy import NetworkMode, NetworkPolicy
 from corral.network.resolve import Resolution, hostnames
 from corral.network.targets import EntryType, IPAddress
@@ -73,6 +74,8 @@ class KubernetesEnvironment(BaseEnvironment):
     supports_reattach = True
     supports_snapshot = True
     supports_services = True
+    supports_processes = WithHelper(True, False)  # type: ignore[assignment]
+    supports_pty = WithHelper(True, False)  # type: ignore[assignment]
     max_concurrent_opens = 16
 
     config: KubernetesConfig
@@ -165,6 +168,7 @@ class KubernetesEnvironment(BaseEnvironment):
         session = self._session(clients, pod, initial)
         # Unwound first: the exec channel's websocket and reader thread end with the session.
         owned.push_async_callback(session.executor.aclose)
+        owned.push_async_callback(session.procs.aclose)
         await self._apply_baseline(session, baseline)
         # Under the verified baseline, and before the workload's own command starts (as
         # compose starts what depends on a healthy service); bounded by startup_s.
@@ -263,6 +267,7 @@ class KubernetesEnvironment(BaseEnvironment):
         owned.push_async_callback(self._delete, "network_policy", name, session_id, instance)
         owned.push_async_callback(self._delete, "pod", name, session_id, instance)
         owned.push_async_callback(session.executor.aclose)
+        owned.push_async_callback(session.procs.aclose)
         return session, owned
 
     async def _from_snapshot(self, ref: SnapshotRef, plan: ExecutionPlan) -> ExecutionPlan:

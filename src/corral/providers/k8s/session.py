@@ -14,10 +14,13 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import anyio
+from anyio.lowlevel import EventLoopToken
 
 from corral.core.output import BoundedOutput
+from corral.core.processes import ProcessManager, StartRequest
 from corral.core.session import DOWNLOAD_LIMIT_BYTES, EnvironmentSession, ExecRequest, ExecResult
 from corral.core.snapshot import SnapshotRef
 from corral.core.snapshot_store import SnapshotRecord, SnapshotShelf
@@ -34,6 +37,7 @@ from corral.core.treelimits import TreeLimits, bounded
 from corral.errors import (
     ConfigError,
     ExecUserUnsupported,
+    FeatureUnsupported,
     NetworkPolicyNotEnforced,
     NetworkPolicyUnsupported,
     ProviderError,
@@ -41,12 +45,14 @@ from corral.errors import (
     UnsafeArchiveMember,
 )
 from corral.helper.channel import Executor
+from corral.helper.link import ChannelUnavailable
+from corral.helper.procs import ProcessClient, ProcessLink
 from corral.network.policy import NetworkPolicy
 from corral.network.resolve import needs_dns
 from corral.network.targets import EntryType, IPAddress
 from corral.providers.k8s import enforcement
 from corral.providers.k8s.api import call
-from corral.providers.k8s.channel import ChannelExecutor, PlainExecutor
+from corral.providers.k8s.channel import ChannelExecutor, PlainExecutor, start_program
 from corral.providers.k8s.execution import (
     ExecStream,
     Target,
@@ -152,6 +158,7 @@ class KubernetesSession(EnvironmentSession):
         self.snapshot_limits = snapshot_limits
         self.service_places = service_places
         self.services = tuple(service_places)
+        self.procs = ProcessClient(self._connect_procs, self._place_process, sandbox_id=id)
 
     def _place(self, service: str | None) -> Place:
         """The sandbox container, or the container of the plan's service `service` (a
@@ -175,6 +182,44 @@ class KubernetesSession(EnvironmentSession):
 
     def _absolute(self, path: str, workdir: str | None = None) -> str:
         return posixpath.normpath(posixpath.join(workdir or self.workdir, path))
+
+    async def _process_manager(self, service: str | None) -> ProcessManager:
+        if service is not None:
+            raise FeatureUnsupported(
+                f"background processes in a service (service={service!r}): a service runs "
+                "none of corral's programs; use exec(..., service=...)"
+            )
+        if not isinstance(self.executor, ChannelExecutor):
+            raise FeatureUnsupported(
+                "background processes need corral's helper in the Pod (exec_channel=False)"
+            )
+        return self.procs
+
+    async def _connect_procs(self, token: EventLoopToken) -> ProcessLink:
+        """A stream to the Pod's process manager (started by the first one, from the
+        programs volume, as the container's user: the exec API cannot switch users)."""
+        assert isinstance(self.executor, ChannelExecutor)
+        try:
+            path = await self.executor.installed()
+            return await start_program(
+                self.target,
+                [path, "--procs", self.id],
+                lambda transport: ProcessLink(transport, token, "k8s", self.target.tokens, self.id),
+            )
+        except ChannelUnavailable as exc:
+            raise FeatureUnsupported(
+                f"Pod {self.target.pod}: background processes need corral's process manager: {exc}"
+            ) from None
+
+    def _place_process(self, request: StartRequest) -> dict[str, Any]:
+        if request.user is not None:
+            raise ExecUserUnsupported(
+                f"the Kubernetes exec API cannot switch user (asked for {request.user!r}); "
+                "set run_as_user in the provider config instead"
+            )
+        cwd = self._absolute(request.cwd) if request.cwd is not None else self.workdir
+        env = [f"{k}={v}" for k, v in request.env.items()]
+        return {"argv": list(request.args), "cwd": cwd, "env": env, "user": "", "as_self": True}
 
     async def _exec(self, request: ExecRequest) -> ExecResult:
         if request.user is not None:
@@ -386,6 +431,7 @@ class KubernetesSession(EnvironmentSession):
         are the task's infrastructure (a database the grader reads), each in a PID
         namespace of its own, which the reaper neither sees nor touches."""
         self.executor.reset()  # the exec channel's helper dies with the workload
+        self.procs.reset()  # so do the process manager and every process it held
         await self.reaper.end_workload()
 
     async def _save(self) -> SnapshotRef:

@@ -12,6 +12,7 @@ namespaces are allowed); `end_workload` and `close` end everything in it.
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from corral.core.session import EnvironmentSession
 from corral.core.snapshot import SnapshotRef
 from corral.core.snapshot_store import SnapshotShelf, cache_dir, default_root
 from corral.errors import FeatureUnsupported
+from corral.helper import helper_binary
 from corral.network.capabilities import NetworkCapabilities
 from corral.network.policy import NetworkMode
 from corral.providers.local.cgroup import SessionCgroup, cgroup_available
@@ -59,6 +61,17 @@ class _ProbedSwitch:
         )
 
 
+class _ProbedProcesses:
+    """`supports_processes` and `supports_pty`: where this installation carries corral's
+    helper (the process manager) and the session's processes can be held (a cgroup or a
+    PID namespace), so that a phase's end ends them."""
+
+    def __get__(self, obj: object, owner: type | None = None) -> bool:
+        return helper_binary(platform.machine()) is not None and (
+            cgroup_available() or pidns_available()
+        )
+
+
 class LocalEnvironment(BaseEnvironment):
     id: ClassVar[str] = "local"
     config_model = LocalConfig
@@ -68,6 +81,8 @@ class LocalEnvironment(BaseEnvironment):
     # A session lives as long as the process that opened it (its cgroup and children are
     # that process's), so another process cannot reattach; a saved workspace can be forked.
     supports_snapshot = True
+    supports_processes = _ProbedProcesses()  # type: ignore[assignment]
+    supports_pty = _ProbedProcesses()  # type: ignore[assignment]
 
     config: LocalConfig
 
@@ -116,10 +131,11 @@ class LocalEnvironment(BaseEnvironment):
             env=env,
             default_timeout=plan.timeouts.operation_s,
             output_limit=self.config.output_limit_bytes,
-            processes=processes,
+            tree=processes,
             end_workload_timeout_s=self.config.end_workload_timeout_s,
             shelf=self._shelf(),
         )
+        owned.push_async_callback(session.procs.aclose)
         session.image = "host"
         return session
 

@@ -8,13 +8,16 @@ in, so a switch may not leave a process running under the policy it was started 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import anyio
 
 from corral.core.paths import resolve_within
+from corral.core.processes import ProcessManager, StartRequest
 from corral.core.session import (
     DOWNLOAD_LIMIT_BYTES,
     READ_TEXT_LIMIT_BYTES,
@@ -31,7 +34,9 @@ from corral.errors import (
     NetworkPolicyUnsupported,
     RemotePathNotFound,
 )
+from corral.helper.procs import ProcessClient
 from corral.network.policy import NetworkMode, NetworkPolicy
+from corral.providers.local import procs
 from corral.providers.local.cgroup import SessionCgroup
 from corral.providers.local.netns import isolated
 from corral.providers.local.paths import host_path
@@ -50,7 +55,7 @@ class LocalSession(EnvironmentSession):
         env: dict[str, str],
         default_timeout: float | None,
         output_limit: int,
-        processes: SessionCgroup | SessionPidNamespace | FeatureUnsupported,
+        tree: SessionCgroup | SessionPidNamespace | FeatureUnsupported,
         end_workload_timeout_s: float,
         shelf: SnapshotShelf,
     ) -> None:
@@ -63,9 +68,15 @@ class LocalSession(EnvironmentSession):
         self.output_limit = output_limit
         # Every exec joins the cgroup or enters the namespace; where neither could be
         # made, this says why.
-        self.processes = processes
+        self.tree = tree
         self._end_workload_timeout_s = end_workload_timeout_s
         self._shelf = shelf
+        cgroup = tree.path if isinstance(tree, SessionCgroup) else None
+        self.procs = ProcessClient(
+            functools.partial(procs.connect, env=env, cgroup=cgroup, sandbox_id=id),
+            self._place,
+            sandbox_id=id,
+        )
 
     def resolve_tmp_path(self, relative: str) -> Path:
         """A path inside the session's tmp dir; absolute paths and `..` are refused."""
@@ -74,15 +85,41 @@ class LocalSession(EnvironmentSession):
     def _path(self, remote: str, *, follow: bool = True) -> Path:
         return host_path(self.workspace, self.workdir, remote, follow=follow)
 
-    async def _exec(self, request: ExecRequest) -> ExecResult:
-        args = list(request.args)
+    def _placed(self, args: tuple[str, ...], cwd: str | None) -> tuple[list[str], Path]:
+        """Where a command of this session runs: its argv in the session's namespaces,
+        its directory inside the session's root."""
+        argv = list(args)
         if self.policy.network_mode is NetworkMode.NO_NETWORK:
-            args = isolated(args)
-        if isinstance(self.processes, SessionPidNamespace):
-            args = self.processes.enter(args)
-        directory = self._path(request.cwd) if request.cwd is not None else self.workdir
+            argv = isolated(argv)
+        if isinstance(self.tree, SessionPidNamespace):
+            argv = self.tree.enter(argv)
+        directory = self._path(cwd) if cwd is not None else self.workdir
         if not directory.is_dir():
             raise RemotePathNotFound(str(directory))
+        return argv, directory
+
+    def _place(self, request: StartRequest) -> dict[str, Any]:
+        if isinstance(self.tree, FeatureUnsupported):
+            # Nothing could hold its processes: end_workload could not end them.
+            raise FeatureUnsupported(f"background processes on local: {self.tree}")
+        argv, directory = self._placed(request.args, request.cwd)
+        # The manager's own environment is the session's: a process started as itself
+        # (no user switch) inherits it, the request's added.
+        env = [f"{k}={v}" for k, v in request.env.items()]
+        return {
+            "argv": argv,
+            "cwd": str(directory),
+            "env": env,
+            "user": request.user or "",
+            "as_self": request.user is None,
+        }
+
+    async def _process_manager(self, service: str | None) -> ProcessManager:
+        procs.manager_binary()  # FeatureUnsupported, naming why, where there is none
+        return self.procs
+
+    async def _exec(self, request: ExecRequest) -> ExecResult:
+        args, directory = self._placed(request.args, request.cwd)
         return await run_process(
             args,
             cwd=str(directory),
@@ -92,18 +129,18 @@ class LocalSession(EnvironmentSession):
             stdin=request.stdin,
             on_output=request.on_output,
             output_limit=request.output_limit,
-            cgroup=self.processes if isinstance(self.processes, SessionCgroup) else None,
+            cgroup=self.tree if isinstance(self.tree, SessionCgroup) else None,
         )
 
     async def _end_workload(self) -> None:
-        if isinstance(self.processes, FeatureUnsupported):
-            raise FeatureUnsupported(str(self.processes))
-        await self.processes.kill(self._end_workload_timeout_s)
+        if isinstance(self.tree, FeatureUnsupported):
+            raise FeatureUnsupported(str(self.tree))
+        await self.tree.kill(self._end_workload_timeout_s)
 
     async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
         if policy.network_mode is self.policy.network_mode:
             return
-        processes = self.processes
+        processes = self.tree
         if isinstance(processes, FeatureUnsupported):
             raise NetworkPolicyUnsupported(
                 f"the local provider cannot switch from {self.policy} to {policy}: it cannot "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import anyio
 
-from corral import EnvironmentSession, ExecutionPlan, NetworkSchedule, TaskRun
+from corral import EnvironmentSession, ExecutionPlan, NetworkSchedule, ProcessOutput, TaskRun
 from corral.providers.local import LocalEnvironment
 from corral.workspace import SyncBinding
 
@@ -55,12 +55,25 @@ async def main() -> dict[str, object]:
             detach = f"setsid sh -c 'sleep 600; echo {MARKER}' </dev/null >/dev/null 2>&1 &"
             await sandbox.exec(["sh", "-c", detach])
             await sandbox.exec("echo agent >> task.txt")
+            # A background process and a persistent shell, in the session's namespaces.
+            background = await sandbox.start(["sh", "-c", "echo up; sleep 601", MARKER])
+            async for event in background:
+                assert isinstance(event, ProcessOutput), event
+                out["background"] = event.data.decode().strip()  # its first output
+                break
+            async with await sandbox.shell() as shell:
+                await shell.run("cd / && export SEEN=kept")
+                out["shell"] = (await shell.run('echo "$SEEN $PWD $(id -u)"')).stdout.strip()
 
         async def grade(session: EnvironmentSession) -> dict[str, object]:
             tried = await session.exec([python, "-c", CONNECT])
             # A bracket, so the pattern does not find the commands that carry it.
-            left = await session.exec(["pgrep", "-f", f"[s]leep 600; echo {MARKER}"])
-            return {"evaluation": tried.stdout.strip(), "left_in_sandbox": left.stdout.split()}
+            left = await session.exec(["pgrep", "-f", f"[s]leep 60[01].*{MARKER}"])
+            return {
+                "evaluation": tried.stdout.strip(),
+                "left_in_sandbox": left.stdout.split(),
+                "background_exit": await background.wait(timeout=30),  # ended with the run
+            }
 
         out.update(await run.evaluate(grade))
         out["policy_log"] = [mode for _, _, mode in run.policy_log]
