@@ -95,7 +95,7 @@ def run_block(block: Block, cache: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"{block.prints}\n"
+    assert done.stdout == f"{block.prints}\n", (done.stdout, done.stderr[-2000:])
 
 
 def docker_leftovers(engine: Any, *owners: str) -> list[str]:

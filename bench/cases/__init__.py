@@ -11,6 +11,7 @@ from bench.cases import (
     docker_open,
     docker_policy,
     docker_pool,
+    docker_processes,
     docker_transfer,
     k8s,
 )
@@ -21,6 +22,7 @@ Case = Callable[[Context], Awaitable[list[Row]]]
 
 CASES: dict[str, Case] = {
     "exec": docker_exec.run,
+    "processes": docker_processes.run,
     "open": docker_open.run,
     "pool": docker_pool.run,
     "transfer": docker_transfer.run,
