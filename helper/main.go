@@ -211,6 +211,10 @@ func main() {
 		killMarked(os.Args[2])
 		return
 	}
+	if len(os.Args) >= 8 && os.Args[1] == "--as" {
+		asMain(os.Args[2:])
+		return
+	}
 	if len(os.Args) >= 2 && os.Args[1] == "--procs-stdio" {
 		cgroup := ""
 		if len(os.Args) >= 3 {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -126,8 +127,14 @@ func prepare(s *procSpec) (execUser, []string, string, error) {
 
 func (m *manager) fork(path string, s *procSpec, u execUser, env []string, st *streams) (int, error) {
 	sys := &syscall.SysProcAttr{Setsid: true, Setctty: st.pty, Ctty: 0}
+	argv, dir := s.Argv, s.Cwd
 	if !s.AsSelf {
-		sys.Credential = &syscall.Credential{Uid: uint32(u.uid), Gid: uint32(u.gid), Groups: u.groups}
+		// The user is switched by the trampoline, after it entered the cwd as the
+		// manager: as an engine's exec and the local provider's do, so a cwd only the
+		// manager may enter (the session's root on local) still works.
+		argv = append([]string{self, "--as", strconv.Itoa(u.uid), strconv.Itoa(u.gid),
+			joinGroups(u.groups), s.Cwd, path}, s.Argv...)
+		path, dir = self, ""
 	}
 	if m.cgroup != "" {
 		fd, err := syscall.Open(m.cgroup, syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
@@ -137,8 +144,8 @@ func (m *manager) fork(path string, s *procSpec, u execUser, env []string, st *s
 		defer syscall.Close(fd)
 		sys.UseCgroupFD, sys.CgroupFD = true, fd
 	}
-	attr := &syscall.ProcAttr{Dir: s.Cwd, Env: env, Files: st.child, Sys: sys}
-	pid, err := syscall.ForkExec(path, s.Argv, attr)
+	attr := &syscall.ProcAttr{Dir: dir, Env: env, Files: st.child, Sys: sys}
+	pid, err := syscall.ForkExec(path, argv, attr)
 	if err == nil {
 		return pid, nil
 	}
@@ -807,4 +814,49 @@ func shownCommand(s *procSpec) []string {
 		return s.Command
 	}
 	return s.Argv
+}
+
+func joinGroups(groups []uint32) string {
+	parts := make([]string, len(groups))
+	for i, g := range groups {
+		parts[i] = strconv.FormatUint(uint64(g), 10)
+	}
+	return strings.Join(parts, ",")
+}
+
+// asMain is the trampoline of a start with a user switch: `--as UID GID GROUPS CWD PATH
+// ARGV...`. It enters CWD as the manager's user, becomes the user, and execs PATH; the
+// pid, session, terminal and descriptors the manager gave it stay the process's.
+func asMain(args []string) {
+	uid, err1 := strconv.Atoi(args[0])
+	gid, err2 := strconv.Atoi(args[1])
+	var groups []int
+	for _, g := range strings.Split(args[2], ",") {
+		if n, err := strconv.Atoi(g); err == nil {
+			groups = append(groups, n)
+		}
+	}
+	if err1 != nil || err2 != nil {
+		fmt.Fprintln(os.Stderr, "corral-exec --as: bad user")
+		os.Exit(126)
+	}
+	if args[3] != "" {
+		if err := syscall.Chdir(args[3]); err != nil {
+			fmt.Fprintf(os.Stderr, "corral-exec: %s: %v\n", args[3], err)
+			os.Exit(126)
+		}
+	}
+	for _, step := range []func() error{
+		func() error { return syscall.Setgroups(groups) },
+		func() error { return syscall.Setgid(gid) },
+		func() error { return syscall.Setuid(uid) },
+	} {
+		if err := step(); err != nil {
+			fmt.Fprintf(os.Stderr, "corral-exec: becoming %d:%d: %v\n", uid, gid, err)
+			os.Exit(126)
+		}
+	}
+	err := syscall.Exec(args[4], args[5:], os.Environ())
+	fmt.Fprintf(os.Stderr, "corral-exec: %s: %v\n", args[5], err)
+	os.Exit(127)
 }

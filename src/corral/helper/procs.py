@@ -91,8 +91,11 @@ def _refused(id: str, data: bytes) -> Exception:
     said: Any = _json(data)
     fields: dict[str, Any] = said if isinstance(said, dict) else {"message": repr(data[:200])}  # pyright: ignore[reportUnknownVariableType]
     kind, message = str(fields.get("kind", "")), str(fields.get("message", ""))
-    if kind in ("cwd", "program"):
+    missing = any(said in message.lower() for said in ("not found", "no such file"))
+    if kind == "cwd" or (kind == "program" and missing):
         return RemotePathNotFound(message)
+    if kind == "program":
+        return ConfigError(f"cannot start {id!r}: {message}")
     if kind == "user":
         return ConfigError(f"cannot start {id}: {message}")
     if kind == "exited":

@@ -9,9 +9,11 @@ checks it from inside the sandbox and from the harness's side.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import signal
+import sys
 import time
 import tracemalloc
 from collections.abc import AsyncGenerator
@@ -29,6 +31,7 @@ from corral.errors import FeatureUnsupported
 __all__ = [
     "test_processes_a_background_server_answers_a_later_exec",
     "test_processes_a_late_reader_gets_the_buffered_output",
+    "test_processes_another_harness_process_reaches_them",
     "test_processes_cancelled_start_leaves_nothing",
     "test_processes_end_workload_and_close_kill_them",
     "test_processes_hostile_output_is_bounded",
@@ -221,6 +224,54 @@ async def test_processes_a_late_reader_gets_the_buffered_output(
         code = await again.wait(timeout=30)
     assert early == replay == b"early\n"
     assert code == 128 + signal.SIGKILL
+
+
+#: Another harness process: attaches to the sandbox, finds the process by its id, reads
+#: what it printed so far and its exit; never closes the sandbox.
+_CHILD = """
+import json, sys
+import anyio
+from corral import ENVIRONMENTS, ProcessExited
+
+async def main() -> None:
+    env = ENVIRONMENTS.create(sys.argv[1], **json.loads(sys.argv[2]))
+    session = await env.attach(sys.argv[3])
+    proc = await session.process(sys.argv[4])
+    await proc.write("from the second harness\\n")
+    seen = b""
+    async for event in proc:
+        if isinstance(event, ProcessExited):
+            print(json.dumps({"seen": seen.decode(), "code": event.code}))
+            return
+        seen += event.data
+
+anyio.run(main)
+"""
+
+
+@anyio_mark
+async def test_processes_another_harness_process_reaches_them(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
+) -> None:
+    """Where sandboxes can be attached from another process, so can their processes: the
+    output buffered before it came, its stdin, its exit."""
+    env = corral_environment
+    if not env.features().supports_reattach:
+        pytest.skip("this provider cannot attach from another process (supports_reattach)")
+    async with _session(env, corral_plan) as sandbox:
+        proc = await sandbox.start(
+            ["sh", "-c", 'echo before; read line; echo "$line"; exit 9'], stdin=True
+        )
+        await _read_until(proc, b"before\n")
+        config = env.config.model_dump_json(exclude_defaults=True)
+        child = await anyio.run_process(
+            [sys.executable, "-c", _CHILD, env.id, config, sandbox.id, proc.id], check=False
+        )
+        assert child.returncode == 0, child.stderr.decode()[-2000:]
+        code = await proc.wait(timeout=30)
+    seen = json.loads(child.stdout)
+    assert seen == {"seen": "before\nfrom the second harness\n", "code": 9}, seen
+    assert code == 9
 
 
 @anyio_mark

@@ -19,6 +19,8 @@ from corral import (
     ExecutionPlan,
     NetworkPolicyUnsupported,
     NetworkSchedule,
+    Process,
+    PtySize,
     TaskRun,
 )
 from corral.providers.local import LocalEnvironment
@@ -102,6 +104,41 @@ async def test_nothing_from_the_run_phase_survives_into_evaluation(shared_dir: P
         restored = counters(shared_dir)
         await anyio.sleep(1)
         assert counters(shared_dir) == restored
+
+
+async def test_started_processes_end_with_the_run_phase(shared_dir: Path) -> None:
+    """What `session.start` and a shell launched (as the host user and as `nobody`,
+    detached, renamed, behind a terminal) is in the session's cgroup and dies with the
+    run phase, as the kernel shows."""
+    seen: dict[str, object] = {}
+
+    async def evaluation(session: EnvironmentSession) -> None:
+        assert isinstance(session, LocalSession)
+        seen["cgroup"] = in_cgroup(session)
+        seen["alive"] = [pid for pid in owners if alive(pid)]
+        seen["exits"] = [await proc.wait(timeout=10) for proc in started]
+
+    owners: dict[int, str] = {}
+    started: list[Process] = []
+    async with TaskRun(LocalEnvironment(), ExecutionPlan()) as run:
+        async with run.running() as session:
+            assert isinstance(session, LocalSession)
+            for prefix, user in USERS.items():
+                launcher = await session.start(
+                    ["sh", "-c", start_loops(LAUNCH, str(shared_dir), prefix)], user=user
+                )
+                assert await launcher.wait(timeout=30) == 0
+            term = await session.start(["sh"], pty=PtySize())
+            await term.write("sleep 3401\n")
+            started += [term, await session.start(["sleep", "3402"], user="nobody")]
+            async with await session.shell() as shell:
+                await shell.run("sleep 3403 &")
+            owners.update(uids(shared_dir))
+            assert len(owners) == len(LAUNCH) * len(USERS)
+            assert {str(pid) for pid in owners} <= set(in_cgroup(session))
+        await run.evaluate(evaluation)
+    assert seen["cgroup"] == [] and seen["alive"] == []
+    assert seen["exits"] == [137, 137], "each handle says its process was killed"
 
 
 async def test_close_kills_what_the_session_left_running(shared_dir: Path) -> None:

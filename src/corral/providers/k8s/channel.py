@@ -78,9 +78,12 @@ MAX_WS_FRAME = 16 << 20
 _STDIN = bytes([0])
 # `head -c` bounds what tar reads: the v4 protocol cannot close stdin. Unpacked under a
 # fresh name, then renamed over the helper: one running keeps its own file.
+#: The same helper already there stays: a process manager running from it (another
+#: harness's) is then still the program at that path, which its clients check.
 _COPY = (
-    'busybox head -c "$1" | busybox tar -x -f - -C "$2" && busybox chmod 555 "$2/$3" '
-    '&& busybox mv -f "$2/$3" "$2/$4"'
+    'busybox head -c "$1" | busybox tar -x -f - -C "$2" && busybox chmod 555 "$2/$3" && '
+    'if busybox cmp -s "$2/$3" "$2/$4"; then busybox rm -f "$2/$3"; '
+    'else busybox mv -f "$2/$3" "$2/$4"; fi'
 )
 _HELPER = "corral-exec"
 

@@ -1,0 +1,49 @@
+"""Processes on a real engine, seen from outside the sandbox: what `end_workload()` and
+`close()` leave is read from the engine's own view of the container (`top`), which
+nothing inside can change. The behaviour itself is the conformance suite's
+(`corral.testing.processes`, in test_docker_conformance.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from corral import ExecutionPlan, PtySize
+from corral.core.labels import OWNER
+from corral.providers.docker import DockerEnvironment
+from corral.providers.docker.session import DockerSession
+from tests.integration.docker.conftest import TEST_IMAGE
+
+pytestmark = pytest.mark.anyio
+
+
+def _commands(engine: Any, container: str) -> list[str]:
+    top: dict[str, Any] = engine.api.top(container)
+    column = top["Titles"].index("CMD")
+    rows: list[list[str]] = top.get("Processes") or []
+    return [row[column] for row in rows]
+
+
+async def test_what_end_workload_and_close_leave_is_nothing_of_theirs(
+    engine: Any, owner: str, docker_env: DockerEnvironment
+) -> None:
+    async with docker_env.session(ExecutionPlan(image=TEST_IMAGE)) as sandbox:
+        assert isinstance(sandbox, DockerSession)
+        await sandbox.start(["sh", "-c", "setsid sleep 3301 & sleep 3302"])
+        term = await sandbox.start(["sh"], pty=PtySize())
+        await term.write("sleep 3303\n")
+        async with await sandbox.shell() as shell:
+            busy = await shell.run("sleep 3304 &")
+            await anyio.sleep(0.5)
+            before = _commands(engine, sandbox.sandbox)
+            await sandbox.end_workload()
+            after = _commands(engine, sandbox.sandbox)
+        await sandbox.start(["sleep", "3305"])
+        container = sandbox.sandbox
+    assert busy.returncode == 0
+    assert {f"sleep {n}" for n in range(3301, 3305)} <= {c.strip() for c in before}, before
+    assert not [c for c in after if "sleep 33" in c or "--procs" in c], after
+    assert engine.api.containers(all=True, filters={"id": container}) == []
+    assert engine.api.containers(all=True, filters={"label": f"{OWNER}={owner}"}) == []
