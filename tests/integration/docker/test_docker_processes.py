@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
-from corral import ExecutionPlan, PtySize
+from corral import ExecutionPlan, FeatureUnsupported, PtySize
 from corral.core.labels import OWNER
 from corral.providers.docker import DockerEnvironment
 from corral.providers.docker.session import DockerSession
@@ -47,3 +47,25 @@ async def test_what_end_workload_and_close_leave_is_nothing_of_theirs(
     assert not [c for c in after if "sleep 33" in c or "--procs" in c], after
     assert engine.api.containers(all=True, filters={"id": container}) == []
     assert engine.api.containers(all=True, filters={"label": f"{OWNER}={owner}"}) == []
+
+
+SQUAT = (
+    "import socket, sys, time\n"
+    "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+    "s.bind('\\0corral-procs-' + sys.argv[1]); s.listen(8); print('bound', flush=True)\n"
+    "while True:\n"
+    "    c, _ = s.accept(); c.sendall(b'forged'); c.close()\n"
+)
+
+
+async def test_a_workload_that_holds_the_managers_address_is_never_talked_to(
+    docker_env: DockerEnvironment,
+) -> None:
+    """A workload that is not root binds the process manager's address before corral
+    starts it: corral refuses processes, naming why, and never reads what it says."""
+    async with docker_env.session(ExecutionPlan(image=TEST_IMAGE)) as sandbox:
+        hold = 'setsid python3 -c "$0" "$1" </dev/null >/tmp/squat 2>&1 & sleep 1; cat /tmp/squat'
+        squatter = await sandbox.exec(["sh", "-c", hold, SQUAT, sandbox.id], user="nobody")
+        with pytest.raises(FeatureUnsupported, match="held by uid 65534"):
+            await sandbox.start(["echo", "hi"])
+    assert squatter.stdout == "bound\n", squatter
