@@ -146,6 +146,30 @@ def test_memory_is_bounded_under_a_flood() -> None:
     assert sum(snap.summary()["run"].top_destinations.values()) == 20  # of the kept ones
 
 
+def test_admitted_flows_are_kept_apart_from_refusals_and_named() -> None:
+    """A flood of admitted flows never pushes a refusal out (each verdict keeps its own
+    `limit`); an admitted flow to an address the policy resolved a name to carries it."""
+    events = EventLog(limit=10)
+    events.name_addresses({"api.example.com": (ipaddress.ip_address("10.0.0.7"),)})
+    events.feed(line("E", NOW_NS, "corral:run", 4, 6, "10.0.0.9", 443) + b"\n")
+    events.feed(
+        b"".join(
+            line("E", NOW_NS + 1 + i, "corral:run:allowed", 4, 6, "10.0.0.7", 443) + b"\n"
+            for i in range(500)
+        )
+    )
+    snap = events.snapshot()
+    assert [(str(e.destination), e.verdict) for e in snap.refused()] == [("10.0.0.9", "refused")]
+    assert len(snap.allowed()) == 10 and snap.dropped == 490
+    assert {e.name for e in snap.allowed()} == {"api.example.com"}
+    assert snap.totals == {"run": {"tcp": 1}} and snap.allowed_totals == {"run": {"tcp": 500}}
+    summary = snap.summary()["run"]
+    assert (summary.refused, summary.allowed) == (1, 500)
+    assert summary.top_allowed == {"api.example.com:443/tcp": 10}
+    assert summary.top_destinations == {"10.0.0.9:443/tcp": 1}
+    assert "allowed tcp 10.0.0.7:443 (api.example.com)" in str(snap.allowed()[0])
+
+
 def test_corrals_own_probe_is_taken_out_once() -> None:
     events = EventLog(limit=10)
     gateway = ipaddress.ip_address("172.30.0.1")
@@ -184,6 +208,11 @@ def test_prefixes_and_phases() -> None:
     assert log_prefix(None) == "corral:none"
     assert log_prefix("evaluation") == "corral:evaluation"
     assert phase_of_prefix("corral:baseline") == "baseline"
+    assert log_prefix("run", "allowed") == "corral:run:allowed"
+    assert phase_of_prefix("corral:run:allowed") == "run"
+    for prefix in ("corral:run:allowedx", "corral:allowed", "corral:run:allowed:allowed"):
+        with pytest.raises(ValueError):
+            phase_of_prefix(prefix)
     with pytest.raises(ValueError):
         log_prefix("later")  # type: ignore[arg-type]
     saved = (

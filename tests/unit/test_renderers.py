@@ -75,22 +75,35 @@ def test_iptables_golden_logs_with_the_phase() -> None:
 @pytest.mark.parametrize("phase", [None, "baseline", "evaluation_baseline"])
 def test_every_reject_is_logged_first_with_the_same_match(case: str, phase: Phase | None) -> None:
     """Each REJECT has, right before it, one rate-limited NFLOG rule matching exactly what
-    it matches, stamped with the phase; nothing else is logged."""
+    it matches, stamped with the phase; each rule that admits a flow has one for new flows
+    only, stamped `:allowed`; nothing else is logged."""
     payload = render_iptables(CASES[case], WITH_SETS, phase=phase)
+    limit = f"-m limit --limit {LOG_RATE_PER_S}/second --limit-burst {LOG_BURST}"
     for text in (payload.ipv4, payload.ipv6):
         lines = text.splitlines()
         rejects = [i for i, line in enumerate(lines) if " -j REJECT " in line]
         logs = [i for i, line in enumerate(lines) if " -j NFLOG " in line]
-        assert logs == [i - 1 for i in rejects]
+        admits = [i for i in logs if i + 1 not in rejects]
+        assert sorted([i - 1 for i in rejects] + admits) == logs
         for i in rejects:
             match = lines[i].partition("-j REJECT ")[0]
             assert lines[i - 1] == (
-                f"{match}-m limit --limit {LOG_RATE_PER_S}/second --limit-burst {LOG_BURST} "
-                f"-j NFLOG --nflog-group {NFLOG_GROUP} --nflog-prefix {log_prefix(phase)} "
-                "--nflog-size 128"
+                f"{match}{limit} -j NFLOG --nflog-group {NFLOG_GROUP} --nflog-prefix "
+                f"{log_prefix(phase)} --nflog-size 128"
+            )
+        for i in admits:
+            match, action, _ = lines[i + 1].partition("-j ")
+            assert action and lines[i + 1].endswith(("-j ACCEPT", "--set-mark 0x1234")), lines[
+                i + 1
+            ]
+            assert lines[i] == (
+                f"{match}-m conntrack --ctstate NEW {limit} -j NFLOG --nflog-group "
+                f"{NFLOG_GROUP} --nflog-prefix {log_prefix(phase, 'allowed')} --nflog-size 128"
             )
         if case == "public":
-            assert not logs
+            assert not rejects and len(admits) == 1
+        if case == "no-network":
+            assert not admits
 
 
 def test_a_phase_that_is_not_one_is_refused() -> None:

@@ -169,7 +169,8 @@ class TaskRun:
             self._evaluation_events.append(session.network_events())
 
     def network_summary(self) -> dict[str, PhaseSummary]:
-        """The refused attempts of this task, per phase (`corral.network.events`): the main
+        """The refused attempts and admitted flows of this task, per phase
+        (`corral.network.events`): the main
         sandbox's (its newest `limit`), and a fresh evaluation sandbox's. Also after the
         block has ended. `FeatureUnsupported` where the provider cannot see refusals."""
         return summarize([self.session.network_events(), *self._evaluation_events])

@@ -1,10 +1,12 @@
-"""Denied-egress events: what a policy refused, when, and in which phase.
+"""Egress events: what a policy refused, and what it admitted, when, in which phase.
 
-Where a provider can see refusals (Docker: every REJECT in the sandbox's namespace is
-preceded by a rate-limited NFLOG rule, read by corral's reader in the holder), each
-refused attempt becomes a `NetworkEvent`. The phase is the one the kernel's rules were
-rendered for (`log_prefix`), so an attempt is stamped with the policy that refused it,
-however late it is read.
+Where a provider can see them (Docker: every REJECT in the sandbox's namespace is
+preceded by a rate-limited NFLOG rule, and so is every rule that admits a new flow, read
+by corral's reader in the holder), each refused attempt and each admitted flow becomes a
+`NetworkEvent` (`verdict`). The phase is the one the kernel's rules were rendered for
+(`log_prefix`), so an attempt is stamped with the policy that decided it, however late it
+is read. Refusals and admissions are kept apart, each bounded, so a flood of one never
+pushes the other out.
 
 Everything here is pure and bounded: `EventLog` keeps the newest `limit` events and counts
 the rest; `parse_line` reads one line of the reader's output as hostile input (a line that
@@ -18,8 +20,9 @@ import re
 import threading
 import time as _time
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -42,21 +45,29 @@ _MAX_OWN = 16
 _NO_PHASE = "none"
 _PREFIX = "corral:"
 _SAVED_PREFIX = re.compile(r'--nflog-prefix\s+"?(corral:[a-z_]+)')
+#: the prefix's ending on rules that admit a flow (their NFLOG logs new flows only)
+_ADMITTED = ":allowed"
+Verdict = Literal["refused", "allowed"]
 _PROTOCOLS = {1: "icmp", 6: "tcp", 17: "udp", 33: "dccp", 58: "icmpv6", 132: "sctp", 136: "udplite"}
 
 
-def log_prefix(phase: Phase | None) -> str:
-    """The NFLOG prefix of rules rendered for `phase` (None: outside any phase)."""
+def log_prefix(phase: Phase | None, verdict: Verdict = "refused") -> str:
+    """The NFLOG prefix of rules rendered for `phase` (None: outside any phase) that log
+    what they refuse or, `verdict="allowed"`, the new flows they admit."""
     if phase is not None and phase not in PHASES:
         raise ValueError(f"not a phase: {phase!r}")
-    return f"{_PREFIX}{phase or _NO_PHASE}"
+    return f"{_PREFIX}{phase or _NO_PHASE}{_ADMITTED if verdict == 'allowed' else ''}"
+
+
+def verdict_of_prefix(prefix: str) -> Verdict:
+    return "allowed" if prefix.endswith(_ADMITTED) else "refused"
 
 
 def phase_of_prefix(prefix: str) -> Phase | None:
     """The phase `log_prefix` wrote into `prefix`; ValueError for anything else."""
     if not prefix.startswith(_PREFIX):
         raise ValueError(f"not corral's log prefix: {prefix[:40]!r}")
-    name = prefix[len(_PREFIX) :]
+    name = prefix[len(_PREFIX) :].removesuffix(_ADMITTED)
     if name == _NO_PHASE:
         return None
     for phase in PHASES:
@@ -76,7 +87,8 @@ def protocol_name(number: int) -> str:
 
 
 class NetworkEvent(BaseModel):
-    """One refused attempt: a packet the policy in force rejected."""
+    """One refused attempt (a packet the policy in force rejected), or one admitted flow
+    (the first packet of a connection, or of a UDP flow, a rule of the policy accepted)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -86,15 +98,22 @@ class NetworkEvent(BaseModel):
     destination: IPAddress
     #: the destination port (TCP, UDP, SCTP, DCCP); None for protocols without one
     port: int | None
+    verdict: Verdict = "refused"
+    #: the policy's hostname this address was resolved for at apply time, where known
+    name: str | None = None
 
     def __str__(self) -> str:
         host = f"[{self.destination}]" if self.destination.version == 6 else str(self.destination)
         where = host if self.port is None else f"{host}:{self.port}"
-        return f"{self.time.isoformat()} {self.phase or '-'} {self.protocol} {where}"
+        named = f" ({self.name})" if self.name else ""
+        return (
+            f"{self.time.isoformat()} {self.phase or '-'} {self.verdict} {self.protocol} "
+            f"{where}{named}"
+        )
 
 
 class PhaseSummary(BaseModel):
-    """The refused attempts of one phase, counted."""
+    """What one phase's policy refused and admitted, counted."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -104,16 +123,23 @@ class PhaseSummary(BaseModel):
     #: among the events kept: the most refused destinations, `host:port/protocol` ->
     #: count (at most 20)
     top_destinations: dict[str, int]
+    #: every admitted flow the reader read in this phase, dropped ones included
+    allowed: int = 0
+    #: among the admitted flows kept: the most reached destinations (a name where known),
+    #: `host:port/protocol` -> count (at most 20)
+    top_allowed: dict[str, int] = {}
 
 
 class NetworkEvents(BaseModel):
-    """What `session.network_events()` returns: the newest refused attempts, in order.
+    """What `session.network_events()` returns: the newest refused attempts and admitted
+    flows, in order (the newest `limit` of each).
 
-    `dropped`: older events let go to keep `limit`; `totals` still counts them (phase ->
-    protocol -> attempts), so a flood cannot hide that earlier attempts happened. `lost`:
-    events the reader could not keep up with (the kernel dropped them) or could not read.
-    Attempts beyond the logging rate (`LOG_RATE_PER_S` per rule) are refused but never
-    listed. `error` says why the reader stopped, if it stopped before the session closed.
+    `dropped`: older events let go to keep `limit`; `totals` still counts refusals (phase
+    -> protocol -> attempts) and `allowed_totals` admissions, so a flood cannot hide that
+    earlier ones happened. `lost`: events the reader could not keep up with (the kernel
+    dropped them) or could not read. Attempts beyond the logging rate (`LOG_RATE_PER_S`
+    per rule) are decided but never listed. `error` says why the reader stopped, if it
+    stopped before the session closed.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -126,44 +152,58 @@ class NetworkEvents(BaseModel):
     #: phase (`"none"` outside any) -> protocol -> refused attempts read, dropped included;
     #: empty: count the events kept
     totals: dict[str, dict[str, int]] = {}
+    #: the same for admitted flows
+    allowed_totals: dict[str, dict[str, int]] = {}
+
+    def refused(self) -> tuple[NetworkEvent, ...]:
+        return tuple(e for e in self.events if e.verdict == "refused")
+
+    def allowed(self) -> tuple[NetworkEvent, ...]:
+        return tuple(e for e in self.events if e.verdict == "allowed")
 
     def summary(self) -> dict[str, PhaseSummary]:
         return summarize([self])
 
 
-def _totals(snapshot: NetworkEvents) -> dict[str, Counter[str]]:
-    if snapshot.totals:
-        return {phase: Counter(counts) for phase, counts in snapshot.totals.items()}
+def _totals(snapshot: NetworkEvents, verdict: Verdict) -> dict[str, Counter[str]]:
+    given = snapshot.totals if verdict == "refused" else snapshot.allowed_totals
+    if given:
+        return {phase: Counter(counts) for phase, counts in given.items()}
     counted: dict[str, Counter[str]] = {}
     for item in snapshot.events:
-        counted.setdefault(item.phase or _NO_PHASE, Counter())[item.protocol] += 1
+        if item.verdict == verdict:
+            counted.setdefault(item.phase or _NO_PHASE, Counter())[item.protocol] += 1
     return counted
 
 
 def summarize(snapshots: Iterable[NetworkEvents]) -> dict[str, PhaseSummary]:
     """Per phase (`"none"` outside any), over one or more sandboxes' events: how many
-    were refused, by protocol, and where to."""
-    totals: dict[str, Counter[str]] = {}
-    where: dict[str, Counter[str]] = {}
+    attempts were refused and flows admitted, by protocol, and where to."""
+    totals: dict[Verdict, dict[str, Counter[str]]] = {"refused": {}, "allowed": {}}
+    where: dict[Verdict, dict[str, Counter[str]]] = {"refused": {}, "allowed": {}}
     for snapshot in snapshots:
-        for phase, counts in _totals(snapshot).items():
-            totals.setdefault(phase, Counter()).update(counts)
+        for verdict, counted in totals.items():
+            for phase, counts in _totals(snapshot, verdict).items():
+                counted.setdefault(phase, Counter()).update(counts)
         for item in snapshot.events:
-            where.setdefault(item.phase or _NO_PHASE, Counter())[_where(item)] += 1
+            where[item.verdict].setdefault(item.phase or _NO_PHASE, Counter())[_where(item)] += 1
+    empty = Counter[str]()
     return {
         phase: PhaseSummary(
-            refused=sum(counts.values()),
-            by_protocol=dict(counts),
-            top_destinations=dict(where.get(phase, Counter[str]()).most_common(20)),
+            refused=sum(totals["refused"].get(phase, empty).values()),
+            by_protocol=dict(totals["refused"].get(phase, empty)),
+            top_destinations=dict(where["refused"].get(phase, empty).most_common(20)),
+            allowed=sum(totals["allowed"].get(phase, empty).values()),
+            top_allowed=dict(where["allowed"].get(phase, empty).most_common(20)),
         )
-        for phase, counts in totals.items()
+        for phase in sorted(totals["refused"].keys() | totals["allowed"].keys())
     }
 
 
 def _where(item: NetworkEvent) -> str:
     host = f"[{item.destination}]" if item.destination.version == 6 else str(item.destination)
     port = "" if item.port is None else f":{item.port}"
-    return f"{host}{port}/{item.protocol}"
+    return f"{item.name or host}{port}/{item.protocol}"
 
 
 class ReaderLost(BaseModel):
@@ -225,23 +265,30 @@ def parse_line(line: bytes) -> ReaderLine:
         protocol=protocol_name(number),
         destination=address,
         port=None if port == "-" else _number(port, 0, 65535),
+        verdict=verdict_of_prefix(prefix),
     )
 
 
 class EventLog:
-    """The newest `limit` refused attempts of one sandbox, fed from a reader thread.
+    """The newest `limit` refused attempts and `limit` admitted flows of one sandbox, fed
+    from a reader thread.
 
-    Thread-safe; memory is bounded by `limit` events, `_MAX_OWN` expected probes and one
-    partial line. Probes corral itself dials (`expect_own`) are taken out once each.
+    Thread-safe; memory is bounded by `limit` events of each verdict, `_MAX_OWN` expected
+    probes, one partial line and the names of the policy in force. Probes corral itself
+    dials (`expect_own`) are taken out once each.
     """
 
     def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, not {limit}")
         self.limit = limit
-        self._events: deque[NetworkEvent] = deque(maxlen=limit)
+        self._events: dict[Verdict, deque[NetworkEvent]] = {
+            "refused": deque(maxlen=limit),
+            "allowed": deque(maxlen=limit),
+        }
         self._dropped = 0
-        self._totals: dict[str, Counter[str]] = {}
+        self._totals: dict[Verdict, dict[str, Counter[str]]] = {"refused": {}, "allowed": {}}
+        self._names: dict[IPAddress, str] = {}
         self._lost_kernel = 0
         self._unreadable = 0
         self._own: deque[tuple[float, IPAddress, int, str]] = deque(maxlen=_MAX_OWN)
@@ -249,6 +296,13 @@ class EventLog:
         self._skipping = False
         self._lock = threading.Lock()
         self.error: str | None = None
+
+    def name_addresses(self, addresses: Mapping[str, Iterable[IPAddress]]) -> None:
+        """The policy now in force resolved these names to these addresses: a flow to one
+        is listed with its name from now on."""
+        named = {address: name for name, found in addresses.items() for address in found}
+        with self._lock:
+            self._names = named
 
     def expect_own(self, destination: IPAddress, port: int, protocol: str = "tcp") -> None:
         """corral is about to dial `destination:port` itself (a probe): not the workload's."""
@@ -303,19 +357,29 @@ class EventLog:
             elif (destination, port, protocol) == (item.destination, item.port, item.protocol):
                 self._own.remove(entry)
                 return
-        if len(self._events) == self.limit:
+        kept = self._events[item.verdict]
+        if len(kept) == self.limit:
             self._dropped += 1
-        self._events.append(item)
+        name = self._names.get(item.destination)
+        kept.append(item if name is None else item.model_copy(update={"name": name}))
         # Bounded: five phase names, at most 256 protocol names each.
-        self._totals.setdefault(item.phase or _NO_PHASE, Counter())[item.protocol] += 1
+        totals = self._totals[item.verdict]
+        totals.setdefault(item.phase or _NO_PHASE, Counter())[item.protocol] += 1
 
     def snapshot(self) -> NetworkEvents:
         with self._lock:
+            events = sorted((*self._events["refused"], *self._events["allowed"]), key=_when)
+            totals = self._totals
             return NetworkEvents(
-                events=tuple(self._events),
+                events=tuple(events),
                 dropped=self._dropped,
                 lost=self._lost_kernel + self._unreadable,
                 limit=self.limit,
                 error=self.error,
-                totals={phase: dict(counts) for phase, counts in self._totals.items()},
+                totals={phase: dict(counts) for phase, counts in totals["refused"].items()},
+                allowed_totals={phase: dict(counts) for phase, counts in totals["allowed"].items()},
             )
+
+
+def _when(item: NetworkEvent) -> datetime:
+    return item.time

@@ -15,6 +15,10 @@ Every REJECT is preceded by an NFLOG rule with the same match (rate-limited, hea
 to group `NFLOG_GROUP`, prefixed with the phase the rules are rendered for): the refused
 attempt is logged in the sandbox's own namespace, where only a holder of NET_ADMIN can
 read it, and the REJECT counters still count every refusal (the probes rely on them).
+Every rule that admits traffic out of the sandbox (the policy's own accepts, not the
+namespace's plumbing: replies, loopback, neighbour discovery, corral's resolver) is
+preceded the same way by an NFLOG rule for new flows only (`--ctstate NEW`), prefixed
+`...:allowed`: what the workload reached, one event per connection or UDP flow.
 
 An allowlist that names a host, exact or wildcard (`network.wildcard.uses_resolver`), also
 accepts, first, the upstream DNS of corral's resolver (by its socket mark) and the rest
@@ -65,18 +69,33 @@ def render_iptables(
         raise ValueError(f"policy {policy} names hosts: render it with its sets")
     rules = address_rules(policy, resolved, skip_wildcards=wild is not None)
     return IptablesPayload(
-        ipv4=_render_family(policy, resolved, rules, 4, log_prefix(phase), wild),
-        ipv6=_render_family(policy, resolved, rules, 6, log_prefix(phase), wild),
+        ipv4=_render_family(policy, resolved, rules, 4, phase, wild),
+        ipv6=_render_family(policy, resolved, rules, 6, phase, wild),
     )
 
 
-def _logged(body: list[str], prefix: str) -> list[str]:
-    """Each REJECT preceded by an NFLOG rule of the same match."""
-    log = (
+def _nflog(prefix: str) -> str:
+    return (
         f"-m limit --limit {LOG_RATE_PER_S}/second --limit-burst {LOG_BURST} "
         f"-j NFLOG --nflog-group {NFLOG_GROUP} --nflog-prefix {prefix} "
         f"--nflog-size {LOG_COPY_BYTES}"
     )
+
+
+def _admitting(rules: list[str], phase: Phase | None) -> list[str]:
+    """Each rule that admits a flow preceded by an NFLOG rule of the same match for its
+    first packet (`--ctstate NEW`)."""
+    log = f"-m conntrack --ctstate NEW {_nflog(log_prefix(phase, 'allowed'))}"
+    lines: list[str] = []
+    for rule in rules:
+        match, _, _ = rule.partition("-j ")
+        lines += [f"{match}{log}", rule]
+    return lines
+
+
+def _logged(body: list[str], prefix: str) -> list[str]:
+    """Each REJECT preceded by an NFLOG rule of the same match."""
+    log = _nflog(prefix)
     lines: list[str] = []
     for rule in body:
         match, reject, _ = rule.partition("-j REJECT ")
@@ -91,7 +110,7 @@ def _render_family(
     resolved: Resolution,
     rules: list[AddressRule],
     family: int,
-    prefix: str,
+    phase: Phase | None,
     wild: NameSets | None = None,
 ) -> str:
     reject_icmp = "icmp-port-unreachable" if family == 4 else "icmp6-port-unreachable"
@@ -126,25 +145,25 @@ def _render_family(
         ]
     mode = policy.network_mode
     if mode is NetworkMode.PUBLIC:
-        body.append("-j ACCEPT")
+        body += _admitting(["-j ACCEPT"], phase)
     elif mode is NetworkMode.NO_NETWORK:
         body += reject
     elif mode is NetworkMode.ALLOWLIST:
         named = _named(policy, resolved) if wild is not None else set[AddressRule]()
         for rule in _family([r for r in rules if r not in named], family):
-            body += _match(rule, "-j ACCEPT")
+            body += _admitting(_match(rule, "-j ACCEPT"), phase)
         if wild is not None:
             body += _refuse_dns(reject_icmp)
             # A name's addresses as resolved at apply time, after the refusal: like the
             # ones its answers add later, they never open DNS (unless listed with :53).
             for rule in _family([r for r in rules if r in named], family):
-                body += _match(rule, "-j ACCEPT")
-            body += _learned(policy, wild, family)
+                body += _admitting(_match(rule, "-j ACCEPT"), phase)
+            body += _learned(policy, wild, family, phase)
         body += reject
     else:
         for rule in _family(rules, family):
             body += _deny(rule, reject_icmp)
-        body.append("-j ACCEPT")
+        body += _admitting(["-j ACCEPT"], phase)
     lines = [
         "*filter",
         ":INPUT ACCEPT [0:0]",
@@ -154,7 +173,7 @@ def _render_family(
         f":{RECORD_CHAIN} - [0:0]",
         *record_rules(PolicyRecord(policy=policy, dns_servers=resolved.dns_servers)),
         f"-A OUTPUT -j {CHAIN}",
-        *(f"-A {CHAIN} {rule}" for rule in _logged(body, prefix)),
+        *(f"-A {CHAIN} {rule}" for rule in _logged(body, log_prefix(phase))),
         "COMMIT",
         "",
     ]
@@ -198,17 +217,17 @@ def _refuse_dns(reject_icmp: str) -> list[str]:
     ]
 
 
-def _learned(policy: NetworkPolicy, wild: NameSets, family: int) -> list[str]:
+def _learned(policy: NetworkPolicy, wild: NameSets, family: int, phase: Phase | None) -> list[str]:
     """The addresses corral's resolver's answers put in this apply's sets, by port."""
     lines: list[str] = []
     for port in wild.ports(policy):
         match = f"-m set --match-set {wild.set_name(port, family)} dst"
         protos = [""] if port is None else [f" -p {p} --dport {port}" for p in ("tcp", "udp")]
         for proto in protos:
-            lines += [
-                f"{match}{proto} -j CONNMARK --set-mark {wild.connmark:#x}",
-                f"{match}{proto} -j ACCEPT",
-            ]
+            lines += _admitting(
+                [f"{match}{proto} -j CONNMARK --set-mark {wild.connmark:#x}"], phase
+            )
+            lines.append(f"{match}{proto} -j ACCEPT")
     return lines
 
 

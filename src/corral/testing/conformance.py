@@ -422,8 +422,8 @@ async def test_conformance_network_events(
     corral_connect_command: ConnectCommand,
 ) -> None:
     """A provider that declares `supports_network_events` lists a refused attempt (its
-    destination and port) and not an allowed one; any other raises `FeatureUnsupported`
-    naming the feature."""
+    destination and port) as refused and an allowed connection as admitted; any other
+    raises `FeatureUnsupported` naming the feature."""
     env = corral_environment
     if not env.features().supports_network_events:
         async with env.session(corral_plan) as sandbox:
@@ -440,12 +440,18 @@ async def test_conformance_network_events(
         assert not await _reaches(sandbox, corral_connect_command, second)
         deadline = time.monotonic() + 10
         while True:
-            seen = {(str(e.destination), e.port) for e in sandbox.network_events().events}
-            if (second.host, second.port) in seen or time.monotonic() > deadline:
+            events = sandbox.network_events()
+            seen = {(str(e.destination), e.port) for e in events.refused()}
+            reached = {(str(e.destination), e.port) for e in events.allowed()}
+            if (second.host, second.port) in seen and (first.host, first.port) in reached:
+                break
+            if time.monotonic() > deadline:
                 break
             await anyio.sleep(0.1)
     assert (second.host, second.port) in seen, f"the refused {second} is not listed: {seen}"
-    assert (first.host, first.port) not in seen, f"the allowed {first} is listed"
+    assert (first.host, first.port) not in seen, f"the allowed {first} is listed as refused"
+    assert (first.host, first.port) in reached, f"the allowed {first} is not listed: {reached}"
+    assert (second.host, second.port) not in reached, f"the refused {second} is listed allowed"
 
 
 async def _own_addresses(sandbox: EnvironmentSession) -> list[str]:

@@ -74,7 +74,7 @@ def ipv6_targets(target_link: None) -> Iterator[list[EgressTarget]]:
         stop_server(*pair)
 
 
-async def test_each_refused_attempt_is_listed_and_allowed_ones_are_not(
+async def test_each_refused_attempt_is_listed_and_each_admitted_flow_as_allowed(
     owner: str,
     tcp_targets: list[EgressTarget],
     udp_targets: list[EgressTarget],
@@ -104,11 +104,23 @@ async def test_each_refused_attempt_is_listed_and_allowed_ones_are_not(
             (DENIED_IP6, "tcp", denied6.port),
             (DENIED_IP6, "udp", 5353),
         }
-        events = await settled_events(sandbox, lambda e: expected <= {key(x) for x in e.events})
+        admitted = {
+            (ALLOWED_IP, "tcp", allowed4.port),
+            (ALLOWED_IP, "udp", allowed_udp.port),
+            (ALLOWED_IP6, "tcp", allowed6.port),
+        }
+        events = await settled_events(
+            sandbox,
+            lambda e: (
+                expected <= {key(x) for x in e.refused()}
+                and admitted <= {key(x) for x in e.allowed()}
+            ),
+        )
     assert reached == (True, True, True)
     assert refused == (False, False, False, False)
-    seen = {key(x) for x in events.events}
-    assert seen == expected, events  # nothing allowed, and not corral's own probes
+    assert {key(x) for x in events.refused()} == expected, events  # not corral's own probes
+    # One event per flow: the connection's first packet, not each of its packets.
+    assert sorted(key(x) for x in events.allowed()) == sorted(admitted), events
     for item in events.events:
         assert item.phase == "baseline"
         assert started - 1 <= item.time.timestamp() <= time.time() + 1
@@ -134,6 +146,7 @@ async def test_root_in_the_sandbox_cannot_forge_or_erase_events(
         assert not await tcp(sandbox, denied.host, denied.port)
         before = await settled_events(sandbox, lambda e: len(e.events) >= 1)
         assert [key(x) for x in before.events] == [(DENIED_IP, "tcp", denied.port)]
+        assert before.allowed() == (), "no-network admits nothing"
         attacks = [
             # the log group: binding it (to read or steal events) needs NET_ADMIN
             ["python3", "-c", bind_log_group],
@@ -262,3 +275,34 @@ async def test_a_reattached_sandbox_keeps_its_phase_and_its_reader_is_one(
         ]
     finally:
         await first.close(session)
+
+
+async def test_taskrun_shows_per_phase_what_the_agent_reached_and_was_denied(
+    owner: str, tcp_targets: list[EgressTarget]
+) -> None:
+    """Under an allowlist that names a host, the agent reaches it (listed as admitted,
+    under its name) and is refused another; the summary keeps them apart by phase."""
+    env = make_env(owner)
+    allowed, denied = tcp_targets
+    task = plan("no-network", run=f"allowlist:allowed.corral.test:{allowed.port}")
+    async with TaskRun(env, task) as run:
+        async with run.running():
+            assert await tcp(run.session, "allowed.corral.test", allowed.port)
+            assert not await tcp(run.session, denied.host, denied.port)
+            events = await settled_events(
+                run.session, lambda e: len(e.allowed()) >= 1 and len(e.refused()) >= 1
+            )
+        await run.evaluate(lambda s: tcp(s, allowed.host, allowed.port))
+        await settled_events(run.session, lambda e: len(e.refused()) >= 2)
+    (reached,) = events.allowed()
+    assert (reached.phase, reached.name, reached.port) == (
+        "run",
+        "allowed.corral.test",
+        allowed.port,
+    )
+    summary = run.network_summary()
+    assert summary["run"].allowed == 1 and summary["run"].refused == 1
+    assert summary["run"].top_allowed == {f"allowed.corral.test:{allowed.port}/tcp": 1}
+    assert summary["run"].top_destinations == {f"{DENIED_IP}:{denied.port}/tcp": 1}
+    # The grader, under the evaluation phase's no-network, was refused the same host.
+    assert summary["evaluation"].allowed == 0 and summary["evaluation"].refused == 1

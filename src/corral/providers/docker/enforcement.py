@@ -356,14 +356,18 @@ async def apply_policy(
 ) -> None:
     """Render and apply `policy` in one holder exec, then check it with a probe.
 
-    Refusals are logged stamped with `phase`; the probe's own is taken out of `events`.
+    Refusals and admitted flows are logged stamped with `phase`; the probe's own is taken
+    out of `events`.
     A policy that `uses_resolver` (or `start_resolver`: a later phase will, and the
     sandbox does not exist yet) also gets corral's resolver in the holder, started if it
     does not run; any other policy switches a running one to refusing every name."""
     payload = render_iptables(policy, resolved, phase=phase)
     probe = forbidden_probe(policy, resolved, probe_candidates)
-    if probe is not None and events is not None:
-        events.expect_own(*probe)
+    if events is not None:
+        if probe is not None:
+            events.expect_own(*probe)
+        # Before the rules: a flow they admit is listed under the name it was allowed by.
+        events.name_addresses(resolved.addresses)
     names = resolved.names if uses_resolver(policy) else None
     generation = names.generation if names is not None else f"off{secrets.token_hex(4)}"
     nameservers = [RESOLVER] if names is not None else resolved.dns_servers
