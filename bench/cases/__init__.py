@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from bench.cases import (
+    admission,
     agentcompass,
     docker_concurrency,
     docker_exec,
@@ -28,6 +29,7 @@ CASES: dict[str, Case] = {
     "transfer": docker_transfer.run,
     "policy": docker_policy.run,
     "concurrency": docker_concurrency.run,
+    "admission": admission.run,
     "agentcompass": agentcompass.run,
     "k8s": k8s.run,
 }

@@ -18,6 +18,7 @@ from corral.core.session import EnvironmentSession, ExecResult
 from corral.core.shell import Shell
 from corral.core.snapshot import EnvironmentFeatures, SnapshotRef
 from corral.errors import (
+    AdmissionTimeout,
     ConfigError,
     CorralError,
     FeatureUnsupported,
@@ -35,6 +36,7 @@ from corral.signals import cancelled_on_signals
 
 __all__ = [
     "ENVIRONMENTS",
+    "AdmissionTimeout",
     "BaseEnvironment",
     "ConfigError",
     "CorralError",

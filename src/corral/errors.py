@@ -25,6 +25,11 @@ class StartupTimeout(ProviderError, TimeoutError):
     """`open()` did not finish within `timeouts.startup_s`."""
 
 
+class AdmissionTimeout(StartupTimeout):
+    """An open waited `admission_max_wait_s` to be admitted (host load, the shared open
+    rate) and was not; the message names what it waited for."""
+
+
 class RemotePathNotFound(CorralError, FileNotFoundError):
     """A path inside the sandbox does not exist."""
 

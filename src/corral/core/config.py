@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple, cast, get_args
+from typing import Any, ClassVar, Literal, NamedTuple, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic.fields import FieldInfo
@@ -33,6 +33,48 @@ class RuntimeEnvironmentConfig(BaseModel):
         "k8s sandboxes end by themselves then, even with no corral process left, and gc "
         "removes what remains",
     )
+
+    admission: Literal["static", "adaptive"] = Field(
+        default="static",
+        description="static: an open waits only for max_concurrent_opens; adaptive: it also "
+        "waits while the host's free memory or CPU is below admission_min_free_memory_mb or "
+        "admission_min_idle_cpu_percent (as the harness's host reads them in /proc)",
+    )
+    admission_min_free_memory_mb: int = Field(
+        default=1024,
+        ge=0,
+        description="with admission='adaptive': MiB of MemAvailable below which opens wait",
+    )
+    admission_min_idle_cpu_percent: float = Field(
+        default=10.0,
+        ge=0,
+        lt=100,
+        description="with admission='adaptive': percent of all CPUs' time idle below which "
+        "opens wait",
+    )
+    max_opens_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="opens per second admitted across every process of this user on this "
+        "host for this provider (a token bucket shared through a file in the user's runtime "
+        "dir; no bursts above it); None: no rate",
+    )
+    admission_max_wait_s: float = Field(
+        default=600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds an open may wait for admission (adaptive and max_opens_per_s) "
+        "before it fails with AdmissionTimeout; not part of timeouts.startup_s",
+    )
+
+    @model_validator(mode="after")
+    def _adaptive_only(self) -> RuntimeEnvironmentConfig:
+        if self.admission != "adaptive":
+            for name in ("admission_min_free_memory_mb", "admission_min_idle_cpu_percent"):
+                if name in self.model_fields_set:
+                    raise ValueError(f"{name} applies only with admission='adaptive'")
+        return self
 
     @model_validator(mode="after")
     def _exclusive(self) -> RuntimeEnvironmentConfig:

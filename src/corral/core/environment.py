@@ -2,8 +2,8 @@
 
 A provider implements `_open(plan, owned)` and pushes an undo callback onto `owned`
 right after it creates each resource. The base owns the startup deadline, the per-provider
-open limiter, the shielded unwinding of `owned` on failure or cancellation, and hands
-`owned` to the session so that `close()` unwinds exactly the same list.
+open limiter, admission (`core/admission.py`), the shielded unwinding of `owned` on failure
+or cancellation, and hands `owned` to the session so that `close()` unwinds exactly the same list.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import anyio
 
+from corral.core.admission import Admission
 from corral.core.blocking import limiter
 from corral.core.config import RuntimeEnvironmentConfig
 from corral.core.labels import checked_session_id
@@ -206,6 +207,7 @@ class BaseEnvironment(abc.ABC):
         owned = AsyncExitStack()
         try:
             async with limiter(f"open:{self.id}", self.max_concurrent_opens):
+                await Admission(self.id, self.config).admit()
                 try:
                     with anyio.fail_after(plan.timeouts.startup_s):
                         session = await self._open(plan, owned, session_id=session_id)
