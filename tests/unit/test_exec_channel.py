@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from typing import Any
 
 import anyio
@@ -115,6 +116,31 @@ async def test_a_timeout_kills_through_the_helper() -> None:
     assert result.timed_out and result.returncode == 124
     assert [chr(k) for k, _, _ in helper.sent] == ["R", "K"]
     assert channel.dead is None, "a confirmed kill keeps the channel"
+    channel.close()
+    await channel.join(5)
+
+
+async def test_the_timeout_counts_from_the_call_a_slow_stdin_included() -> None:
+    # The stream takes the stdin slowly (a full socket buffer): the timeout used to start
+    # only once it was all written, so a call could outlive its timeout by the write.
+    class SlowStream(FakeHelper):
+        def send(self, data: bytes) -> None:
+            if data[4:5] == b"R":
+                time.sleep(1.0)
+            super().send(data)
+
+    helper = SlowStream(_runner)
+    channel = await _channel(helper)
+    started = time.monotonic()
+    result = await channel.run(
+        ExecRequest(("hang",), timeout=0.3, stdin=b"x" * 10),
+        user=None,
+        cwd="",
+        kill_fallback=_no_kill,
+    )
+    assert not isinstance(result, Refused)
+    assert result.timed_out
+    assert time.monotonic() - started < 1.25, "the timeout waited for the write to end first"
     channel.close()
     await channel.join(5)
 

@@ -143,8 +143,9 @@ class Channel(FrameLink):
         receive = self.open_box(rid)
         finished = False
         try:
-            await self.write(b"".join(message))
+            # The timeout counts from the call: a stdin the stream takes slowly is in it.
             with anyio.move_on_after(request.timeout):
+                await self.write(b"".join(message))
                 outcome = await self._collect(receive, capture)
                 finished = True
                 return outcome
