@@ -63,6 +63,9 @@ bash tests/integration/images/build.sh
 export GOCACHE=${GOCACHE:-$HOME/.cache/go-build} GOMODCACHE=${GOMODCACHE:-$HOME/go/pkg/mod}
 bash helper/build.sh
 (cd helper && go test ./...)  # the NFLOG reader's packet parser, hostile input
+# SWE-ReX's own runtime tests (in its sdist, not its wheel: the locked version's, checked
+# against uv.lock's hash) for tests/integration/adapters/test_swerex_upstream.py.
+bash tests/integration/adapters/swerex_sdist.sh >/dev/null
 
 # The test cluster is built from upstream sources on first use (cold: ~26 min).
 started_cluster=1

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from inspect_ai.dataset import Sample
 from inspect_ai.solver import Generate, Solver, TaskState, solver
-from inspect_ai.util import sandbox
+from inspect_ai.util import SandboxUnavailableError, sandbox
 
-from corral.adapters.inspect import CorralSandboxConfig
+from corral.adapters.inspect import CorralSandboxConfig, CorralSandboxEnvironment
 from corral.adapters.inspect.config import load_config
 from corral.compose import plan_from_compose
 from tests.integration.adapters.inspect_configs import DOCKER
@@ -45,7 +45,13 @@ def fetch_from_the_service() -> Solver:
         await sandbox("web").write_file("/srv/flag.txt", "served-by-web")
         listed = await sandbox("web").exec(["ls", "/srv"])
         fetched = await sandbox().exec(["python3", "-c", FETCH])
-        state.output.completion = f"{listed.stdout.strip()} {fetched.stdout.strip()}"
+        # A service runs no corral helper: `exec_remote` there is Inspect's own, via exec.
+        remote = await sandbox("web").exec_remote(["cat", "/srv/flag.txt"], stream=False)
+        with pytest.raises(SandboxUnavailableError, match="runs no process manager"):
+            await sandbox("web").as_type(CorralSandboxEnvironment).exec_remote(["true"])
+        state.output.completion = (
+            f"{listed.stdout.strip()} {fetched.stdout.strip()} {remote.stdout}"
+        )
         return state
 
     return solve
@@ -60,7 +66,7 @@ def test_compose_services_are_named_sandboxes(engine: Any, owner: str, tmp_path:
         provider_config={**DOCKER, "owner": owner},
         plan=plan_from_compose(path),
     )
-    sample = Sample(input="fetch", target="flag.txt served-by-web")
+    sample = Sample(input="fetch", target="flag.txt served-by-web served-by-web")
     scores_one(config, fetch_from_the_service(), sample, tmp_path)
     selector = {"label": f"corral.owner={owner}"}
     assert engine.containers.list(all=True, filters=selector) == []

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from corral.adapters.inspect.config import DEFAULT_OWNER as INSPECT_OWNER
+from corral.adapters.minisweagent.config import DEFAULT_OWNER as MINISWEAGENT_OWNER
+from corral.adapters.swerex.config import DEFAULT_OWNER as SWEREX_OWNER
 from tests.readme import ROOT, Block, docker_leftovers, run_block, runnable, shell_blocks
 
 RUNNABLE = runnable("docker")
@@ -23,8 +25,9 @@ def test_the_block_runs_on_docker_and_prints_what_it_says(
     block: Block, engine: Any, tmp_path: Path
 ) -> None:
     run_block(block, tmp_path)
-    # The blocks' owners are the defaults (corral's, and Inspect's for its eval).
-    assert docker_leftovers(engine, "corral", INSPECT_OWNER) == []
+    # The blocks' owners are the defaults (corral's, and each adapter's for its own).
+    owners = ("corral", INSPECT_OWNER, SWEREX_OWNER, MINISWEAGENT_OWNER)
+    assert docker_leftovers(engine, *owners) == []
 
 
 LINES = [

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from corral.adapters.provider import ProviderChoice
 from corral.compose import plan_from_compose
 from corral.core.plan import ExecutionPlan
 from corral.workspace.options import BindingConfig
@@ -16,17 +17,13 @@ from corral.workspace.options import BindingConfig
 DEFAULT_OWNER = "inspect"
 
 
-class CorralSandboxConfig(BaseModel):
+class CorralSandboxConfig(ProviderChoice):
     """`sandbox=("corral", CorralSandboxConfig(...))`, or a path to this model as JSON."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    provider: str = Field(default="docker", description="corral provider id (`corral list env`)")
-    provider_config: dict[str, Any] = Field(
-        default_factory=dict[str, Any],
-        description="the provider's config fields (`corral config docs env ID`); "
-        f"owner defaults to {DEFAULT_OWNER!r}",
-    )
+    default_owner: ClassVar[str] = DEFAULT_OWNER
+
     plan: ExecutionPlan = Field(
         description="image, workdir, env, resources and network schedule of each sample's sandbox"
     )
@@ -39,9 +36,6 @@ class CorralSandboxConfig(BaseModel):
     def __hash__(self) -> int:
         # Inspect keys its sandbox caches by the config; the dict fields defeat pydantic's hash.
         return hash(self.model_dump_json())
-
-    def provider_params(self) -> dict[str, Any]:
-        return {"owner": DEFAULT_OWNER, **self.provider_config}
 
 
 def load_config(config: BaseModel | str | None) -> CorralSandboxConfig:

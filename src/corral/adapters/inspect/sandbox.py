@@ -22,6 +22,9 @@ import logging
 from typing import Any, Literal, overload
 
 from inspect_ai.util import (
+    ExecRemoteAwaitableOptions,
+    ExecRemoteProcess,
+    ExecRemoteStreamingOptions,
     ExecResult,
     SandboxConnection,
     SandboxEnvironment,
@@ -37,6 +40,7 @@ from typing_extensions import override
 from corral.adapters.inspect.config import DEFAULT_OWNER, CorralSandboxConfig, load_config
 from corral.adapters.inspect.connection import connection
 from corral.adapters.inspect.files import read_file, write_file
+from corral.adapters.inspect.remote import run, start
 from corral.adapters.inspect.results import to_inspect
 from corral.core.bindings import BoundSet
 from corral.core.environment import ENVIRONMENTS, BaseEnvironment
@@ -59,7 +63,7 @@ _bound: dict[str, BoundSet] = {}
 def provider(config: CorralSandboxConfig) -> BaseEnvironment:
     key = config.model_dump_json(include={"provider", "provider_config"})
     if key not in _providers:
-        _providers[key] = ENVIRONMENTS.create(config.provider, **config.provider_params())
+        _providers[key] = config.environment()
     return _providers[key]
 
 
@@ -204,6 +208,47 @@ class CorralSandboxEnvironment(SandboxEnvironment):
         except ProviderError as exc:
             raise SandboxUnavailableError(str(exc)) from exc
         return to_inspect(result, cmd, timeout)
+
+    @overload
+    async def exec_remote(
+        self,
+        cmd: list[str],
+        options: ExecRemoteStreamingOptions | None = None,
+        *,
+        stream: Literal[True] = True,
+    ) -> ExecRemoteProcess: ...
+
+    @overload
+    async def exec_remote(
+        self,
+        cmd: list[str],
+        options: ExecRemoteAwaitableOptions | None = None,
+        *,
+        stream: Literal[False],
+    ) -> ExecResult[str]: ...
+
+    @override
+    async def exec_remote(
+        self,
+        cmd: list[str],
+        options: ExecRemoteStreamingOptions | ExecRemoteAwaitableOptions | None = None,
+        *,
+        stream: bool = True,
+    ) -> ExecRemoteProcess | ExecResult[str]:
+        """Inspect's `exec_remote` on a corral process (`corral.adapters.inspect.remote`):
+        no tools injected, no polling. Reached on this object (`sandbox().as_type(
+        CorralSandboxEnvironment)`): Inspect's `sandbox()` proxy runs Inspect's own
+        implementation, through `exec`, which is also what a service has (it runs no
+        corral helper)."""
+        if self.service is not None:
+            raise SandboxUnavailableError(
+                f"corral service {self.service!r} runs no process manager: call "
+                f"sandbox({self.service!r}).exec_remote(...) itself (Inspect's own "
+                "implementation, through exec)"
+            )
+        if stream:
+            return await start(self, cmd, options)
+        return await run(self, cmd, options)
 
     @override
     async def write_file(self, file: str, contents: str | bytes) -> None:
