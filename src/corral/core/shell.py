@@ -33,6 +33,8 @@ from corral.errors import ProviderError
 
 #: seconds a command gets to stop after an interrupt, then after its group is killed
 GRACE_S = 2.0
+#: the status of a command `Shell.interrupt` ended, as a shell gives one SIGINT ended
+INTERRUPTED = 130
 #: bash where the image has it (aliases, `set +H`), else the image's sh; both interactive
 #: so that SIGINT ends the command, not the shell
 START = (
@@ -73,6 +75,8 @@ class Shell:
         self._items: AsyncIterator[Item] | None = None
         self._status = bytearray()
         self._lock = anyio.Lock()
+        #: tokens of the interrupts sent while the current `run` runs: each ends it (130)
+        self._interrupts: set[str] = set()
         #: why the shell can run nothing more, once it cannot
         self.dead: str | None = None
 
@@ -111,6 +115,7 @@ class Shell:
                 raise ProviderError(f"shell {self.id!r} can run nothing more: {self.dead}")
             capture = Capture(self._output_limit, None)
             token = secrets.token_hex(8)
+            self._interrupts.clear()  # an earlier command's are not this one's
             finished = False
             try:
                 await self._send(f"{{ eval {shlex.quote(command)}\n}} </dev/null 3>&-", token)
@@ -123,6 +128,20 @@ class Shell:
                     with anyio.CancelScope(shield=True):
                         await self._interrupt(capture)
             return capture.result(TIMEOUT_RETURNCODE, timed_out=True)
+
+    async def interrupt(self) -> None:
+        """Ctrl-C for the command running now: SIGINT to the shell's process group. The
+        `run` awaiting it returns with status 130 (`INTERRUPTED`) and what the command
+        printed; the shell goes on. With no command running it interrupts nothing."""
+        if self.dead is not None:
+            raise ProviderError(f"shell {self.id!r} can run nothing more: {self.dead}")
+        if not self._lock.locked():
+            return  # a signal to an idle interactive shell would only print a newline
+        token = secrets.token_hex(8)
+        self._interrupts.add(token)
+        await self._manager.signal(self.id, int(signal.SIGINT))
+        await anyio.sleep(0.05)  # the shell handles it before it reads the next line
+        await self._send(":", token)
 
     async def close(self) -> None:
         """Kill the shell and whatever it runs; idempotent."""
@@ -159,6 +178,8 @@ class Shell:
                 said, _, status = line.decode(errors="replace").partition(" ")
                 if said in tokens:
                     return int(status) if status.isdigit() else 1
+                if said in self._interrupts:
+                    return INTERRUPTED
         self.dead = "its output ended"
         raise ProviderError(f"shell {self.id!r} ended without a status")
 

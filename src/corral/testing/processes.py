@@ -37,6 +37,7 @@ __all__ = [
     "test_processes_hostile_output_is_bounded",
     "test_processes_output_streams_while_it_runs",
     "test_processes_pty",
+    "test_processes_shell_interrupt_ends_the_command_not_the_shell",
     "test_processes_shell_keeps_state",
     "test_processes_shell_output_cannot_forge_its_end",
     "test_processes_shell_timeout_interrupts_and_keeps_the_shell",
@@ -414,3 +415,29 @@ async def test_processes_shell_timeout_interrupts_and_keeps_the_shell(
     assert stubborn.timed_out
     assert state.stdout == "yes\n" and state.returncode == 0, "the shell lives on"
     assert left.stdout == "", left.stdout
+
+
+@anyio_mark
+async def test_processes_shell_interrupt_ends_the_command_not_the_shell(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
+) -> None:
+    async with (
+        _session(corral_environment, corral_plan) as sandbox,
+        await sandbox.shell() as shell,
+    ):
+        await shell.run("export KEEP=yes")
+
+        async def ctrl_c() -> None:
+            await anyio.sleep(1)
+            await shell.interrupt()
+
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ctrl_c)
+            stopped = await shell.run("echo before; sleep 308; echo never", timeout=60)
+        took = time.monotonic() - started
+        after = await shell.run('echo "$KEEP"')
+        left = await sandbox.exec("ps -eo args | grep '[s]leep 308' || true")
+    assert (stopped.returncode, stopped.stdout, stopped.timed_out) == (130, "before\n", False)
+    assert took < 10, f"the interrupt took {took:.1f} s"
+    assert after.stdout == "yes\n" and left.stdout == ""

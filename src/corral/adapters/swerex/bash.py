@@ -15,8 +15,8 @@ token, never from the output. What an action gives back follows SWE-ReX's `BashS
   it, `"ignore"` returns None. `timeout` raises `CommandTimeoutError`; the command is
   already interrupted then (SIGINT, then SIGKILL to what is left of its process group)
   and the session goes on, so a later `BashInterruptAction` has nothing left to stop; one
-  sent while a command runs interrupts it the same way (its action gives exit code 130,
-  without the output).
+  sent while a command runs is Ctrl-C for it (`Shell.interrupt`): its action gives exit
+  code 130 and what it printed until then.
 - A command runs with stdin at its end (`/dev/null`): interactive programs
   (`is_interactive_command`, `is_interactive_quit`) are refused; use `session.start`
   with a pty for them. `expect` strings do not end a command early: it runs to its end.
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import shlex
 
-import anyio
 from swerex.exceptions import BashIncorrectSyntaxError, CommandTimeoutError, NonZeroExitCodeError
 from swerex.runtime.abstract import (
     BashAction,
@@ -36,8 +35,8 @@ from swerex.runtime.abstract import (
     CreateBashSessionResponse,
 )
 
-from corral.core.session import EnvironmentSession, ExecResult
-from corral.core.shell import GRACE_S, Shell
+from corral.core.session import EnvironmentSession
+from corral.core.shell import Shell
 
 #: checks a script's syntax, read on stdin, as the session's shell would parse it
 _SYNTAX = (
@@ -47,8 +46,6 @@ _SYNTAX = (
 )
 #: seconds the syntax check may take
 SYNTAX_TIMEOUT_S = 30.0
-#: the status of a command a `BashInterruptAction` stopped (a shell's, after SIGINT)
-INTERRUPTED = 130
 
 
 class BashSession:
@@ -57,8 +54,6 @@ class BashSession:
     def __init__(self, session: EnvironmentSession, shell: Shell) -> None:
         self._session = session
         self.shell = shell
-        #: the scope of the command running now, and when it ended
-        self._running: tuple[anyio.CancelScope, anyio.Event] | None = None
 
     @classmethod
     async def start(
@@ -90,17 +85,7 @@ class BashSession:
         if not action.command.strip():
             return BashObservation(output="", exit_code=0)
         await self._check_syntax(action.command)
-        # What the action gives if `interrupt` cancels the run below.
-        result = ExecResult(returncode=INTERRUPTED, stdout="", stderr="", duration_s=0.0)
-        with anyio.CancelScope() as scope:
-            ended = anyio.Event()
-            self._running = (scope, ended)
-            try:
-                # Cancelled by `interrupt`: the shell interrupts the command and goes on.
-                result = await self.shell.run(action.command, timeout=action.timeout)
-            finally:
-                self._running = None
-                ended.set()
+        result = await self.shell.run(action.command, timeout=action.timeout)
         if result.timed_out:
             raise CommandTimeoutError(
                 f"timeout after {action.timeout} seconds while running command {action.command!r}"
@@ -120,14 +105,9 @@ class BashSession:
 
     async def interrupt(self, action: BashInterruptAction) -> BashObservation:
         """Ctrl-C for the command running now, if any (a timed-out one was interrupted
-        already): its `run_in_session` gives exit code 130 and no output; the session
-        goes on."""
-        running = self._running
-        if running is not None:
-            scope, ended = running
-            scope.cancel()
-            with anyio.move_on_after(action.timeout * max(action.n_retry, 1) + GRACE_S * 2):
-                await ended.wait()
+        already): its `run_in_session` gives exit code 130 and its output so far; the
+        session goes on."""
+        await self.shell.interrupt()
         return BashObservation(output="", exit_code=0)
 
     async def close(self) -> None:
