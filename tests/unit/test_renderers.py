@@ -142,3 +142,14 @@ def test_unresolved_hostname_is_an_error() -> None:
             render_iptables(NetworkPolicy.allowlist(name), RESOLVED)
     with pytest.raises(NetworkPolicyUnsupported, match=r"\*\.example\.com"):
         render_iptables(NetworkPolicy.denylist("*.example.com"), RESOLVED)
+
+
+def test_an_endpoint_of_corrals_is_admitted_first_in_every_mode() -> None:
+    gateway = ipaddress.ip_address("10.213.0.1")
+    for case, policy in CASES.items():
+        payload = render_iptables(policy, WITH_SETS, phase="run", endpoints=((gateway, 41234),))
+        chain = [line for line in payload.ipv4.splitlines() if line.startswith("-A CORRAL-EGRESS")]
+        accept = "-A CORRAL-EGRESS -d 10.213.0.1/32 -p tcp --dport 41234 -j ACCEPT"
+        assert chain.index(accept) == 2, case  # after replies, and its own NEW-flow log
+        assert "--nflog-prefix corral:run:allowed" in chain[1], case
+        assert "41234" not in payload.ipv6, "an IPv4 endpoint stays out of the IPv6 rules"

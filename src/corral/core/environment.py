@@ -64,6 +64,8 @@ class BaseEnvironment(abc.ABC):
     #: `session.start`, `session.shell`, `session.processes()` (`_process_manager`)
     supports_processes: ClassVar[bool] = False
     supports_pty: ClassVar[bool] = False
+    #: `plan.credentials`: routes through corral's proxy (`corral.core.credentials`)
+    supports_credentials: ClassVar[bool] = False
     max_concurrent_opens: ClassVar[int] = 16
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -118,6 +120,7 @@ class BaseEnvironment(abc.ABC):
             supports_network_events=cls.supports_network_events,
             supports_processes=cls.supports_processes,
             supports_pty=cls.supports_pty,
+            supports_credentials=cls.supports_credentials,
         )
 
     @classmethod
@@ -136,6 +139,11 @@ class BaseEnvironment(abc.ABC):
         if plan.services:
             self._require(
                 f"services (the plan names {', '.join(plan.services)})", self.supports_services
+            )
+        if plan.credentials:
+            self._require(
+                f"credentials (the plan routes {', '.join(plan.credentials)})",
+                self.supports_credentials,
             )
         return plan
 

@@ -16,6 +16,7 @@ from pydantic import (
     model_validator,
 )
 
+from corral.core.credentials import CredentialRoute, check_route_names
 from corral.core.redact import masked_env
 from corral.errors import ConfigError
 from corral.network.policy import NetworkSchedule, PolicyLike
@@ -196,6 +197,12 @@ class ExecutionPlan(BaseModel):
         description="containers beside the sandbox, by name, under its network namespace "
         "and policy (providers declaring `supports_services`)",
     )
+    credentials: dict[str, CredentialRoute] = Field(
+        default={},
+        description="routes by name to upstreams whose headers the sandbox never sees: it "
+        "gets CORRAL_CRED_<NAME>_URL, corral's proxy (providers declaring "
+        "`supports_credentials`)",
+    )
 
     if TYPE_CHECKING:
         # What validation accepts, so that the documented forms type-check:
@@ -220,7 +227,13 @@ class ExecutionPlan(BaseModel):
             benchmark: str | None = None,
             task_id: str | None = None,
             services: dict[str, ServiceSpec] = ...,
+            credentials: dict[str, CredentialRoute] = ...,
         ) -> None: ...
+
+    @field_validator("credentials")
+    @classmethod
+    def _route_names(cls, value: dict[str, CredentialRoute]) -> dict[str, CredentialRoute]:
+        return check_route_names(value)
 
     @field_validator("services")
     @classmethod

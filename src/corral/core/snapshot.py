@@ -22,6 +22,8 @@ class EnvironmentFeatures(BaseModel):
     supports_processes: bool = False
     #: `session.start(..., pty=PtySize(...))`
     supports_pty: bool = False
+    #: `plan.credentials`: keys the sandbox uses through corral's proxy, never holds
+    supports_credentials: bool = False
 
 
 class SnapshotRef(BaseModel):

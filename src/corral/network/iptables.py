@@ -42,7 +42,7 @@ from corral.network.events import LOG_BURST, LOG_COPY_BYTES, LOG_RATE_PER_S, NFL
 from corral.network.policy import NetworkMode, NetworkPolicy, Phase
 from corral.network.policy_record import RECORD_CHAIN, PolicyRecord, record_rules
 from corral.network.resolve import AddressRule, Resolution, address_rules, needs_dns
-from corral.network.targets import EntryType
+from corral.network.targets import EntryType, IPAddress
 from corral.network.wildcard import UPSTREAM_MARK, NameSets, uses_resolver
 
 CHAIN = "CORRAL-EGRESS"
@@ -55,22 +55,28 @@ class IptablesPayload(BaseModel):
     ipv6: str
 
 
+Endpoint = tuple[IPAddress, int]
+
+
 def render_iptables(
     policy: NetworkPolicy,
     resolved: Resolution,
     *,
     phase: Phase | None = None,
+    endpoints: tuple[Endpoint, ...] = (),
 ) -> IptablesPayload:
     """Both payloads; refused attempts are logged with `phase` (None: outside any).
 
-    An allowlist that names a host needs `resolved.names`, the sets of this apply."""
+    An allowlist that names a host needs `resolved.names`, the sets of this apply.
+    `endpoints` (address, TCP port) are admitted in every mode, first: corral's own
+    services for the sandbox on the harness's host (its credential proxy)."""
     wild = resolved.names if uses_resolver(policy) else None
     if uses_resolver(policy) and wild is None:
         raise ValueError(f"policy {policy} names hosts: render it with its sets")
     rules = address_rules(policy, resolved, skip_wildcards=wild is not None)
     return IptablesPayload(
-        ipv4=_render_family(policy, resolved, rules, 4, phase, wild),
-        ipv6=_render_family(policy, resolved, rules, 6, phase, wild),
+        ipv4=_render_family(policy, resolved, rules, 4, phase, wild, endpoints),
+        ipv6=_render_family(policy, resolved, rules, 6, phase, wild, endpoints),
     )
 
 
@@ -112,6 +118,7 @@ def _render_family(
     family: int,
     phase: Phase | None,
     wild: NameSets | None = None,
+    endpoints: tuple[Endpoint, ...] = (),
 ) -> str:
     reject_icmp = "icmp-port-unreachable" if family == 4 else "icmp6-port-unreachable"
     reject = [
@@ -121,6 +128,10 @@ def _render_family(
     body = [
         "-m conntrack --ctstate ESTABLISHED,RELATED --ctdir REPLY -j ACCEPT",
     ]
+    for address, port in endpoints:
+        if address.version == family:
+            dest = f"-d {rule_text(ipaddress.ip_network(address))}"
+            body += _admitting([f"{dest} -p tcp --dport {port} -j ACCEPT"], phase)
     if wild is not None:
         body += _resolver_upstream(wild, family)
     # Under corral's resolver the sandbox's own resolvers are closed, as under no-network.

@@ -25,7 +25,7 @@ import pytest
 from corral.core.environment import BaseEnvironment
 from corral.core.plan import ExecutionPlan
 from corral.core.processes import Process, ProcessExited, ProcessOutput, PtySize
-from corral.core.session import EnvironmentSession
+from corral.core.session import EnvironmentSession, ExecResult
 from corral.errors import FeatureUnsupported
 
 __all__ = [
@@ -432,12 +432,14 @@ async def test_processes_shell_interrupt_ends_the_command_not_the_shell(
             await shell.interrupt()
 
         started = time.monotonic()
+        stopped: list[ExecResult] = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(ctrl_c)
-            stopped = await shell.run("echo before; sleep 308; echo never", timeout=60)
+            stopped.append(await shell.run("echo before; sleep 308; echo never", timeout=60))
         took = time.monotonic() - started
         after = await shell.run('echo "$KEEP"')
         left = await sandbox.exec("ps -eo args | grep '[s]leep 308' || true")
-    assert (stopped.returncode, stopped.stdout, stopped.timed_out) == (130, "before\n", False)
+    (result,) = stopped
+    assert (result.returncode, result.stdout, result.timed_out) == (130, "before\n", False)
     assert took < 10, f"the interrupt took {took:.1f} s"
     assert after.stdout == "yes\n" and left.stdout == ""

@@ -24,7 +24,7 @@ from corral.errors import NetworkPolicyNotEnforced, ProviderError
 from corral.helper import helper_binary
 from corral.network.dns import Answer, resolve_names
 from corral.network.events import EventLog, phase_in_rules
-from corral.network.iptables import CHAIN, render_iptables
+from corral.network.iptables import CHAIN, Endpoint, render_iptables
 from corral.network.policy import NetworkPolicy, Phase
 from corral.network.policy_record import PolicyRecord, read_record
 from corral.network.probe import DISCARD_PORT, forbidden_probe
@@ -353,6 +353,7 @@ async def apply_policy(
     phase: Phase | None,
     events: EventLog | None = None,
     start_resolver: bool = False,
+    endpoints: tuple[Endpoint, ...] = (),
 ) -> None:
     """Render and apply `policy` in one holder exec, then check it with a probe.
 
@@ -360,8 +361,9 @@ async def apply_policy(
     out of `events`.
     A policy that `uses_resolver` (or `start_resolver`: a later phase will, and the
     sandbox does not exist yet) also gets corral's resolver in the holder, started if it
-    does not run; any other policy switches a running one to refusing every name."""
-    payload = render_iptables(policy, resolved, phase=phase)
+    does not run; any other policy switches a running one to refusing every name.
+    `endpoints` are admitted whatever the policy (corral's credential proxy)."""
+    payload = render_iptables(policy, resolved, phase=phase, endpoints=endpoints)
     probe = forbidden_probe(policy, resolved, probe_candidates)
     if events is not None:
         if probe is not None:

@@ -38,6 +38,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from corral.core.blocking import limiter
+from corral.core.credproxy import CredentialProxy
 from corral.core.environment import BaseEnvironment
 from corral.core.labels import (
     EXPIRES_AT,
@@ -53,9 +54,16 @@ from corral.core.redact import plain_env
 from corral.core.services import wait_healthy
 from corral.core.session import EnvironmentSession
 from corral.core.snapshot import SnapshotRef
-from corral.errors import ConfigError, NetworkPolicyNotEnforced, ProviderError, SessionIdTaken
+from corral.errors import (
+    ConfigError,
+    FeatureUnsupported,
+    NetworkPolicyNotEnforced,
+    ProviderError,
+    SessionIdTaken,
+)
 from corral.helper import WithHelper
 from corral.network.events import EventLog
+from corral.network.iptables import Endpoint
 from corral.network.policy import NetworkMode, NetworkPolicy, Phase
 from corral.network.probe import DISCARD_PORT
 from corral.network.resolve import Resolution
@@ -142,6 +150,7 @@ class DockerEnvironment(BaseEnvironment):
     supports_processes = WithHelper(True, False)  # type: ignore[assignment]
     supports_pty = WithHelper(True, False)  # type: ignore[assignment]
     supports_services = True
+    supports_credentials = True
     max_concurrent_opens = 16
 
     config: DockerConfig
@@ -286,8 +295,9 @@ class DockerEnvironment(BaseEnvironment):
     async def _open(
         self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
     ) -> EnvironmentSession:
-        # A pooled sandbox already has its own id, so a chosen id is always made anew.
-        if self._pool is not None and session_id is None:
+        # A pooled sandbox already has its own id, so a chosen id is always made anew; nor
+        # does it have credential routes (a proxy, and its URLs in the sandbox's env).
+        if self._pool is not None and session_id is None and not plan.credentials:
             session = await self._pool.take(plan, owned)
             if session is not None:
                 return session
@@ -326,9 +336,14 @@ class DockerEnvironment(BaseEnvironment):
         # Before any rule logs: every refusal from the baseline's on is read.
         feed = await self._start_events(client, owned, sid, holder["Id"])
         dns = await dns_servers(client.api, cfg.max_workers, holder["Id"])
+        phase_of: list[DockerSession] = []  # the session, once there is one
+        proxy = await self._start_proxy(client, owned, sid, holder, plan, phase_of)
+        endpoints = () if proxy is None else ((_gateway(holder, sid), proxy.port),)
         baseline = await self._apply_baseline(
-            client, sid, holder, plan.network.baseline, dns, feed.log, labels, plan
+            client, sid, holder, plan.network.baseline, dns, feed.log, labels, plan, endpoints
         )
+        if proxy is not None:  # the sandbox gets the routes' URLs, never their headers
+            plan = plan.model_copy(update={"env": {**plan.env, **proxy.env()}})
         sandbox = await self._start_sandbox(client, owned, sid, holder["Id"], image, plan, labels)
         session = self._session(
             client,
@@ -340,7 +355,9 @@ class DockerEnvironment(BaseEnvironment):
             default_timeout=plan.timeouts.operation_s,
             phase="baseline",
             events=feed,
+            endpoints=endpoints,
         )
+        phase_of.append(session)
         # Unwound first: the exec channel's stream and reader thread end with the session.
         owned.push_async_callback(session.executor.aclose)
         owned.push_async_callback(session.procs.aclose)
@@ -444,6 +461,37 @@ class DockerEnvironment(BaseEnvironment):
             client, tokens, names[0], labels, f"holder from image {cfg.holder_image!r}"
         )
 
+    async def _start_proxy(
+        self,
+        client: Engine,
+        owned: AsyncExitStack,
+        sid: str,
+        holder: dict[str, Any],
+        plan: ExecutionPlan,
+        phase_of: list[DockerSession],
+    ) -> CredentialProxy | None:
+        """The plan's credential routes served on the session network's gateway (this
+        host's side of the bridge), to the sandbox's address only; None without routes."""
+        if not plan.credentials:
+            return None
+        if not client.api.base_url.startswith("http+docker://"):
+            raise FeatureUnsupported(
+                f"credentials (the plan routes {', '.join(plan.credentials)}) need the Docker "
+                f"Engine on this host (corral's proxy serves on the session network's gateway); "
+                f"this one is {client.api.base_url}"
+            )
+        endpoint = _network(holder, sid)
+        proxy = CredentialProxy(
+            plan.credentials,
+            host=str(_gateway(holder, sid)),
+            peers={a for a in (endpoint.get("IPAddress"), endpoint.get("GlobalIPv6Address")) if a},
+            phase=lambda: phase_of[0].phase if phase_of else "baseline",
+            sandbox_id=sid,
+        )
+        await anyio.to_thread.run_sync(proxy.start)
+        owned.push_async_callback(anyio.to_thread.run_sync, proxy.close)
+        return proxy
+
     async def _start_events(
         self, client: Engine, owned: AsyncExitStack, sid: str, holder: str
     ) -> EventFeed:
@@ -470,6 +518,7 @@ class DockerEnvironment(BaseEnvironment):
         events: EventLog,
         labels: dict[str, str],
         plan: ExecutionPlan,
+        endpoints: tuple[Endpoint, ...],
     ) -> Resolution:
         """`policy` in force in the holder's namespace, probed, before any sandbox joins
         (and corral's resolver bound, if any phase's allowlist names a host: see
@@ -506,6 +555,7 @@ class DockerEnvironment(BaseEnvironment):
                 phase="baseline",
                 events=events,
                 start_resolver=start_resolver,
+                endpoints=endpoints,
             )
         except NetworkPolicyNotEnforced as exc:
             raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
@@ -610,6 +660,7 @@ class DockerEnvironment(BaseEnvironment):
         default_timeout: float | None,
         phase: Phase | None,
         events: EventFeed,
+        endpoints: tuple[Endpoint, ...] = (),
     ) -> DockerSession:
         """A session over a running holder and sandbox, from what the engine says of them."""
         cfg = self.config
@@ -646,6 +697,7 @@ class DockerEnvironment(BaseEnvironment):
             phase=phase,
             events=events,
             upstream_dns_servers=cfg.upstream_dns_servers,
+            endpoints=endpoints,
         )
         session.image = sandbox["Config"]["Image"]
         return session

@@ -33,6 +33,7 @@ from corral.errors import (
 from corral.helper.link import ChannelUnavailable
 from corral.helper.procs import ProcessClient, ProcessLink
 from corral.network.events import EventLog, NetworkEvents
+from corral.network.iptables import Endpoint
 from corral.network.policy import NetworkPolicy, Phase
 from corral.network.probe import DISCARD_PORT, forbidden_probe
 from corral.network.resolve import Resolution, needs_dns
@@ -109,6 +110,7 @@ class DockerSession(EnvironmentSession):
         phase: Phase | None,
         events: EventFeed,
         upstream_dns_servers: tuple[str, ...] | None = None,
+        endpoints: tuple[Endpoint, ...] = (),
     ) -> None:
         super().__init__(id=id, policy=policy)
         self.phase = phase
@@ -153,6 +155,8 @@ class DockerSession(EnvironmentSession):
         #: the running services' containers, by name (`add_service`); a name of
         #: `services` missing here is a service whose container is gone
         self.service_containers: dict[str, Container] = {}
+        #: what every policy of this session admits first (its credential proxy)
+        self.endpoints = endpoints
         self.procs = ProcessClient(self._connect_procs, self._place_process, sandbox_id=id)
         self._defaults: Defaults | None = None
 
@@ -405,6 +409,7 @@ class DockerSession(EnvironmentSession):
                 probe_candidates=[],
                 phase=self.phase,
                 events=self.events,
+                endpoints=self.endpoints,
             )
         except ProviderError as exc:
             # The rules in force are whole (a failed restore keeps them); only the phase
@@ -481,6 +486,7 @@ class DockerSession(EnvironmentSession):
             probe_candidates=[(self.gateway, DISCARD_PORT)],
             phase=self.phase,
             events=self.events,
+            endpoints=self.endpoints,
         )
         self.resolution = resolved
         await self.check_runtime(policy)
