@@ -110,6 +110,7 @@ async def test_providers_without_the_features_say_so() -> None:
         "supports_network_events": False,
         "supports_processes": False,
         "supports_pty": False,
+        "supports_credentials": False,
     }
     assert ReattachableEnvironment.features().supports_reattach
 
