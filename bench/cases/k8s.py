@@ -1,7 +1,8 @@
 """Kubernetes rows: Pod open with `no-network` enforced vs `kubectl run` + wait Ready,
 exec (through the exec channel, and plain) vs `kubectl exec`, a policy patch until the
-probe sees it enforced, directory transfers vs `kubectl cp` (k8s_transfer), and many Pods
-opened at once (k8s_scale: 100 in a full run, a fifth with --quick).
+probe sees it enforced, a warm-pool claim vs a cold open of the same plan, directory
+transfers vs `kubectl cp` (k8s_transfer), and many Pods opened at once (k8s_scale: 100 in
+a full run, a fifth with --quick).
 
 Runs against KUBECONFIG (default: the cluster of tests/integration/cluster/up.sh) in a
 namespace of its own, removed at the end; skipped with the reason when no cluster answers.
@@ -34,6 +35,9 @@ CHANNEL_TARGET = 0.25
 DEFAULT_KUBECONFIG = "/var/lib/corral-cluster/admin.kubeconfig"
 CACHED_KUBECTL = "/var/cache/corral/cluster/kubernetes-v1.34.4/bin/kubectl"
 OPEN_TARGET = 1.2
+#: issue 23: a warm-pool claim (label, NetworkPolicy patch to the baseline, probe) at most
+#: this times a cold open's p50
+POOL_TARGET = 0.15
 
 
 def _locate() -> tuple[str, str] | None:
@@ -67,6 +71,7 @@ async def run(ctx: Context) -> list[Row]:
     try:
         for name, part in (
             ("k8s: open, exec, policy", lambda: _rows(ctx, env, base)),
+            ("k8s: warm pool", lambda: _pool_rows(ctx, env)),
             ("k8s: transfer", lambda: transfer_rows(ctx, env, base, plan)),
             ("k8s: Pods at once", lambda: scale_rows(env, kubeconfig, plan, ctx.reps(FULL))),
         ):
@@ -182,3 +187,46 @@ def _channel_row(executor: ChannelExecutor, execs: Summary, kexecs: Summary) -> 
         target=f"p50 ≤ {CHANNEL_TARGET}x `kubectl exec`",
         met=ratio_at_most(execs, kexecs, CHANNEL_TARGET),
     )
+
+
+async def _pool_rows(ctx: Context, env: KubernetesEnvironment) -> list[Row]:
+    """A claim from a warm pool of one Pod against a cold open of the same plan, both timed
+    with the pool full (nothing refilling meanwhile), for a baseline the probe has to see
+    refused (`no-network`) and one it has nothing to dial for (`public`)."""
+    cold_env = KubernetesEnvironment(env.config)  # no pool: every open is cold
+    rows: list[Row] = []
+    for network in ("no-network", "public"):
+        plan = ExecutionPlan.model_validate({"image": TEST_IMAGE, "network": network})
+        colds: list[float] = []
+        claims: list[float] = []
+        probes: list[float] = []
+        async with env.warm_pool(plan, size_per_key=1) as pool:
+            for _ in range(ctx.reps(8, minimum=5)):
+                await pool.ready()
+                started = time.perf_counter()
+                cold = await cold_env.open(plan)
+                colds.append(time.perf_counter() - started)
+                await cold_env.close(cold)
+                await pool.ready()
+                started = time.perf_counter()
+                claimed = await env.open(plan)
+                claims.append(time.perf_counter() - started)
+                assert isinstance(claimed, KubernetesSession)
+                probes.append(claimed.last_enforced_s)
+                await env.close(claimed)
+            hits, misses = pool.hits, pool.misses
+        claim_s, cold_s = summarize(claims), summarize(colds)
+        what = "patch, probe refused" if network == "no-network" else "patch; nothing to probe"
+        rows.append(
+            Row(
+                f"k8s: warm-pool claim, {network} (label, {what})",
+                claim_s,
+                f"corral cold open, {network}",
+                cold_s,
+                target=f"p50 ≤ {POOL_TARGET}x",
+                met=ratio_at_most(claim_s, cold_s, POOL_TARGET),
+                note=f"{hits} claims, {misses} cold; of which probe p50 "
+                f"{summarize(probes).median:.2f} s",
+            )
+        )
+    return rows

@@ -145,6 +145,21 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
         "the helper cannot be copied or run (no binary for the node's architecture, a "
         "container not running as root), execs fall back to plain execs and the logs say so",
     )
+    warm_pool_size: int = Field(
+        default=2,
+        ge=1,
+        description="idle Pods warm_pool() keeps ready per pool key (the Pod a cold open of "
+        "the plan would create: image, env, resources, workdir, command, services, labels, "
+        "max_lifetime_s, and this config's runtime class, securityContext, placement, "
+        "probe image, DNS); they wait under a verified no-network NetworkPolicy and take "
+        "the plan's baseline when claimed",
+    )
+    warm_pool_max_idle_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="seconds a pooled Pod may wait unclaimed before its pool replaces it; "
+        "`corral gc` removes pooled Pods still idle past this (a dead harness's pool)",
+    )
     max_workers: int = Field(default=64, ge=1, description="worker threads for blocking API calls")
     api_timeout_s: float = Field(
         default=30.0,

@@ -14,21 +14,30 @@ service passed its healthcheck (exec'd in its container), and only then opens th
 workload's gate. `end_workload()` ends the sandbox container's processes and leaves the
 services running; `save()` holds the sandbox container's paths; an attached session
 learns its services from the annotation its open wrote (`pod.SERVICES`).
+
+`warm_pool(*plans)` keeps Pods made ahead (`pool.py`): each waits behind its gate under a
+verified `no-network` NetworkPolicy, and `open()` of a plan of the same pool key claims one
+with a conditional write, then takes it to the plan's baseline by the same steps a cold
+open ends with (`_start`: baseline applied and probed, services healthy, gate opened).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import math
 import secrets
 import time
-from contextlib import AsyncExitStack
+from collections.abc import AsyncGenerator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
 from kubernetes.client.exceptions import ApiException
 
+from corral.core.admission import Admission
+from corral.core.blocking import limiter
 from corral.core.environment import BaseEnvironment
 from corral.core.labels import OWNER, SESSION, is_expired, new_session_id, session_labels
 from corral.core.plan import ExecutionPlan
@@ -60,6 +69,19 @@ from corral.providers.k8s.pod import (
     services,
     wait_running,
 )
+from corral.providers.k8s.pool import (
+    IDLE,
+    IDLE_UNTIL,
+    STATE,
+    ClaimTerms,
+    Cluster,
+    Pooled,
+    Pooling,
+    WarmPool,
+    collect_idle,
+    pool_key,
+    remove_unclaimed,
+)
 from corral.providers.k8s.reaper import Reaper
 from corral.providers.k8s.session import KubernetesSession, Place
 
@@ -84,6 +106,7 @@ class KubernetesEnvironment(BaseEnvironment):
         super().__init__(config, **params)
         self._clients: Api | None = None
         self._dns_servers: tuple[IPAddress, ...] | None = None
+        self._pool: WarmPool | None = None
         cfg = self.config
         self.snapshots = SnapshotShelf(
             Path(cfg.snapshot_dir).expanduser() if cfg.snapshot_dir else default_root(self.id),
@@ -136,9 +159,92 @@ class KubernetesEnvironment(BaseEnvironment):
                 f"the Kubernetes API server at {clients.host} does not answer: {exc}"
             ) from None
 
+    @asynccontextmanager
+    async def warm_pool(
+        self,
+        *plans: ExecutionPlan,
+        size_per_key: int | None = None,
+        max_idle_s: float | None = None,
+    ) -> AsyncGenerator[WarmPool]:
+        """Keep Pods for `plans` made ahead while the block runs; remove the idle ones after.
+
+        Each pooled Pod waits Ready, its workload's gate closed, under a verified
+        `no-network` NetworkPolicy. Inside the block, `open()` with a plan of the same pool
+        key (the Pod a cold open of it would create; not its policies) claims one, patches
+        its NetworkPolicy to the plan's baseline and probes it as a cold open does; the
+        pool refills in the background; other plans open cold. Idle Pods of the same key
+        that another harness process's pool made (same owner and namespace) are claimed
+        too: `size_per_key=0` makes none and only claims those. Defaults:
+        `warm_pool_size` per key, `warm_pool_max_idle_s`. One pool at a time.
+        """
+        if self._pool is not None:
+            raise ConfigError(
+                f"{self!r} already runs warm pool {self._pool.id}; give one pool every plan"
+            )
+        cfg = self.config
+        size = cfg.warm_pool_size if size_per_key is None else size_per_key
+        if size < 0:
+            raise ConfigError(f"size_per_key must be 0 or more, not {size}")
+        dns = await self._resolvers()
+        keyed: dict[str, ExecutionPlan] = {}
+        for plan in plans:
+            prepared = self.prepare(plan)
+            image = prepared.require_image(self.id)
+            if not isinstance(image, str):
+                raise ConfigError(f"native selector {image!r} is not supported by k8s")
+            check_services(prepared)
+            keyed[pool_key(prepared, image, cfg, dns)] = prepared
+        pool = WarmPool(
+            self._make_pooled,
+            await self._cluster(),
+            keyed,
+            size=size,
+            max_idle_s=max_idle_s or cfg.warm_pool_max_idle_s,
+            delete=self._delete,
+        )
+        self._pool = pool
+        try:
+            async with pool.running():
+                yield pool
+        finally:
+            self._pool = None
+
+    async def _cluster(self) -> Cluster:
+        cfg = self.config
+
+        async def delete_policy(name: str, session_id: str, instance: str | None) -> None:
+            await self._delete("network_policy", name, session_id, instance)
+
+        return Cluster(
+            await self.clients(), cfg.max_workers, cfg.namespace, cfg.owner, delete_policy
+        )
+
     async def _open(
         self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
     ) -> EnvironmentSession:
+        # A pooled Pod already has its own id, so a chosen id is always made anew.
+        if self._pool is not None and session_id is None:
+            session = await self._claim(self._pool, plan, owned)
+            if session is not None:
+                return session
+        session = await self._make_pod(plan, owned, session_id=session_id, pooling=None)
+        # Unwound first: the exec channel's websocket and reader thread end with the session.
+        owned.push_async_callback(session.executor.aclose)
+        owned.push_async_callback(session.procs.aclose)
+        await self._start(session, plan)
+        return session
+
+    async def _make_pod(
+        self,
+        plan: ExecutionPlan,
+        owned: AsyncExitStack,
+        *,
+        session_id: str | None,
+        pooling: Pooling | None,
+    ) -> KubernetesSession:
+        """The NetworkPolicy, then the Pod, running behind the workload's gate: what a cold
+        open and a pool's fill both make. A pooled Pod starts under `no-network` whatever
+        the plan's baseline, lives `max_idle_s` longer, and its undo spares it once claimed."""
         cfg = self.config
         clients = await self.clients()
         dns = await self._resolvers()
@@ -151,30 +257,78 @@ class KubernetesEnvironment(BaseEnvironment):
         if session_id is not None:
             await self._unclaimed(name, sid)
         lifetime = plan.timeouts.max_lifetime_s or cfg.default_lifetime_s
-        labels = session_labels(cfg.owner, sid, lifetime, {**cfg.labels, **plan.labels})
+        extra = {**cfg.labels, **plan.labels}
+        # A pooled Pod lives on for its making (at most startup_s) and its idle wait; a
+        # claim shortens that to the Pod's age plus the plan's lifetime.
+        idle_s = 0.0
+        if pooling is not None:
+            idle_s = plan.timeouts.startup_s + pooling.max_idle_s
+            extra |= pooling.labels(plan.timeouts.startup_s)
+        labels = session_labels(cfg.owner, sid, lifetime + idle_s, extra)
         instance = secrets.token_hex(8)
         baseline = plan.network.baseline
         # Until the Pod runs, hostnames cannot be resolved as it resolves them: such a
         # baseline starts as no-network and is patched in before the workload's gate opens.
-        initial = NetworkPolicy.no_network() if hostnames(baseline) else baseline
+        unresolved = pooling is not None or hostnames(baseline)
+        initial = NetworkPolicy.no_network() if unresolved else baseline
         body = enforcement.render(initial, Resolution(), name, sid, labels)
-        owned.push_async_callback(self._delete, "network_policy", name, sid, instance)
+        if pooling is not None:
+            cluster = await self._cluster()
+            owned.push_async_callback(remove_unclaimed, cluster, name, sid, instance)
+        else:
+            owned.push_async_callback(self._delete, "network_policy", name, sid, instance)
         created_policy = await self._create("network_policy", body, instance, session_id)
-        owned.push_async_callback(self._delete, "pod", name, sid, instance)
+        if pooling is None:
+            owned.push_async_callback(self._delete, "pod", name, sid, instance)
         body = manifest(name, image, plan, cfg, labels, dns)
+        body["spec"]["activeDeadlineSeconds"] += math.ceil(idle_s)
         pod = await self._create("pod", body, instance, session_id)
         await self._own(clients, name, pod.metadata.uid, created_policy.metadata.name)
         pod = await wait_running(clients, cfg.max_workers, cfg.namespace, name)
-        session = self._session(clients, pod, initial)
-        # Unwound first: the exec channel's websocket and reader thread end with the session.
-        owned.push_async_callback(session.executor.aclose)
-        owned.push_async_callback(session.procs.aclose)
-        await self._apply_baseline(session, baseline)
+        return self._session(clients, pod, initial)
+
+    async def _start(self, session: KubernetesSession, plan: ExecutionPlan) -> None:
+        """A running Pod of the session's own to a working sandbox: the baseline applied and
+        verified, the services healthy, then the workload's gate opened (a cold open, and
+        a claim of a pooled Pod, alike)."""
+        await self._apply_baseline(session, plan.network.baseline)
         # Under the verified baseline, and before the workload's own command starts (as
         # compose starts what depends on a healthy service); bounded by startup_s.
         await wait_healthy(session, plan.services)
         await self._open_gate(session)
-        await self._mark(name, {OPENED: "true"})
+        await self._mark(session.target.pod, {OPENED: "true"})
+
+    async def _make_pooled(
+        self, plan: ExecutionPlan, owned: AsyncExitStack, pooling: Pooling
+    ) -> Pooled:
+        """One Pod for a warm pool: made as a cold open makes it, `no-network` verified by
+        the probe, then marked idle (claimable); its workload's gate stays closed."""
+        async with limiter(f"open:{self.id}", self.max_concurrent_opens):
+            await Admission(self.id, self.config).admit()
+            session = await self._make_pod(plan, owned, session_id=None, pooling=pooling)
+            await self._apply_baseline(session, NetworkPolicy.no_network())
+            until = str(int(time.time() + pooling.max_idle_s))
+            pod = await self._label(session.target.pod, {STATE: IDLE, IDLE_UNTIL: until})
+        return Pooled.of(pod, anyio.current_time() + pooling.max_idle_s)
+
+    async def _claim(
+        self, pool: WarmPool, plan: ExecutionPlan, owned: AsyncExitStack
+    ) -> KubernetesSession | None:
+        """A pooled Pod for `plan`, claimed and started under its baseline; None when the
+        pool has none for its key."""
+        image = plan.require_image(self.id)
+        if not isinstance(image, str):
+            return None  # the cold open says why
+        key = pool_key(plan, image, self.config, await self._resolvers())
+        lifetime = plan.timeouts.max_lifetime_s or self.config.default_lifetime_s
+        terms = ClaimTerms(lifetime_s=lifetime, operation_s=plan.timeouts.operation_s)
+        pod = await pool.claim(key, terms, owned)
+        if pod is None:
+            return None
+        session = self._session(await self.clients(), pod, NetworkPolicy.no_network())
+        owned.push_async_callback(session.executor.aclose)
+        owned.push_async_callback(session.procs.aclose)
+        await self._start(session, plan)
         return session
 
     def _session(self, clients: Api, pod: Any, policy: NetworkPolicy) -> KubernetesSession:
@@ -319,6 +473,18 @@ class KubernetesEnvironment(BaseEnvironment):
             patch,
         )
 
+    async def _label(self, pod: str, labels: dict[str, str]) -> Any:
+        """Patch the Pod's labels; the Pod as the API server now has it."""
+        clients = await self.clients()
+        patch = {"metadata": {"labels": labels}}
+        return await idempotent(
+            self.config.max_workers,
+            clients.core.patch_namespaced_pod,
+            pod,
+            self.config.namespace,
+            patch,
+        )
+
     async def _own(self, clients: Api, pod: str, uid: str, policy: str) -> None:
         """Make the Pod the NetworkPolicy's owner, for the garbage collector."""
         patch = {
@@ -371,12 +537,15 @@ class KubernetesEnvironment(BaseEnvironment):
             await idempotent(cfg.max_workers, delete, name, cfg.namespace, body=body)
 
     async def gc(self) -> list[str]:
+        """Remove pooled Pods left unclaimed past their idle age (a dead harness's pool),
+        then expired Pods and NetworkPolicies, then expired snapshots."""
         clients = await self.clients()
         tokens = self.config.max_workers
         owner = self.config.owner
         removed: list[str] = []
         now = time.time()
         selector = f"{OWNER}={owner}"
+        removed += await collect_idle(await self._cluster(), now)
         for kind, api in (("pod", clients.core), ("network_policy", clients.networking)):
             listed: Any = await idempotent(
                 tokens,
