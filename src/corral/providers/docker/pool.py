@@ -21,24 +21,20 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import secrets
 import time
-from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import anyio
-from anyio.abc import TaskGroup
 from docker.errors import APIError, NotFound
 
-from corral.core.environment import CLEANUP_TIMEOUT_S
 from corral.core.labels import OWNER, SESSION, is_session_id
 from corral.core.logs import event
 from corral.core.plan import ExecutionPlan
 from corral.core.redact import plain_env
-from corral.errors import ProviderError
+from corral.core.warmpool import Ready, SlotPool, release
 from corral.providers.docker.engine import Engine, call, idempotent
 from corral.providers.docker.resources import (
     holder_name,
@@ -57,7 +53,6 @@ log = logging.getLogger("corral.docker.pool")
 
 POOL = "corral.pool"
 IDLE_UNTIL = "corral.pool.idle-until"
-MAX_BACKOFF_S = 60.0
 
 
 class Pooling(NamedTuple):
@@ -103,83 +98,34 @@ def pool_key(plan: ExecutionPlan) -> str:
     return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True)
 class _Pair:
     session: DockerSession
     stack: AsyncExitStack
-    started_at: float
-    taken: anyio.Event = field(default_factory=anyio.Event)
 
 
-class WarmPool:
-    """Idle pairs per pool key, refilled by slot tasks this pool's `running()` owns."""
+class WarmPool(SlotPool[_Pair]):
+    """Idle holder+sandbox pairs per pool key (`core.warmpool`), taken by a rename."""
 
     def __init__(
         self, make: MakePair, plans: Sequence[ExecutionPlan], *, size: int, max_idle_s: float
     ) -> None:
-        self.id = secrets.token_hex(4)
-        self.size = size
+        super().__init__({pool_key(plan): plan for plan in plans}, size=size, log=log)
         self.max_idle_s = max_idle_s
-        self.hits = 0
-        self.misses = 0
-        self._make = make
-        self._plans = {pool_key(plan): plan for plan in plans}
-        self._idle: dict[str, deque[_Pair]] = {key: deque() for key in self._plans}
-        self._changed = anyio.Event()
-        self._failure: Exception | None = None
-        self._tg: TaskGroup | None = None
-
-    def __repr__(self) -> str:
-        return (
-            f"<WarmPool id={self.id} keys={len(self._plans)} size={self.size} idle={self.idle()}>"
-        )
-
-    def idle(self) -> int:
-        """Pairs waiting to be taken, over every key."""
-        return sum(len(pairs) for pairs in self._idle.values())
-
-    @asynccontextmanager
-    async def running(self) -> AsyncGenerator[WarmPool]:
-        """Fill and refill in the background while the block runs; drain on the way out."""
-        try:
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                for key, plan in self._plans.items():
-                    for _ in range(self.size):
-                        tg.start_soon(self._slot, key, plan)
-                try:
-                    yield self
-                finally:
-                    self._tg = None
-                    tg.cancel_scope.cancel()
-        finally:
-            self._tg = None
-            await self._drain()
-
-    async def ready(self) -> None:
-        """Wait until every key has `size` idle pairs; raise if making one failed."""
-        while True:
-            changed = self._changed
-            if self._failure is not None:
-                raise ProviderError(
-                    f"warm pool {self.id} could not make a sandbox: {self._failure}"
-                ) from self._failure
-            if all(len(pairs) >= self.size for pairs in self._idle.values()):
-                return
-            await changed.wait()
+        self._make_pair = make
 
     async def take(self, plan: ExecutionPlan, owned: AsyncExitStack) -> DockerSession | None:
         """An idle pair for `plan`, now owned by `owned`; None when none matches."""
-        pairs = self._idle.get(pool_key(plan)) if self._tg is not None else None
+        pairs = self._idle.get(pool_key(plan)) if self._running() else None
         while pairs:
-            pair = pairs.popleft()
-            pair.taken.set()
+            ready = pairs.popleft()
+            ready.taken.set()
             self._notify()
-            if anyio.current_time() - pair.started_at >= self.max_idle_s:
-                self._discard_soon(pair)
+            if anyio.current_time() >= ready.stale_at:
+                self._retire_soon(ready)
                 continue
-            owned.push_async_callback(pair.stack.aclose)
-            session = pair.session
+            owned.push_async_callback(ready.item.stack.aclose)
+            session = ready.item.session
             try:
                 await call(
                     session.tokens,
@@ -191,7 +137,7 @@ class WarmPool:
                 event(
                     log, "warning", "pooled sandbox unusable", sandbox=session.id, error=repr(exc)
                 )
-                await _release(pair.stack)
+                await self._retire(ready)
                 continue
             session.default_timeout = plan.timeouts.operation_s
             self.hits += 1
@@ -199,68 +145,19 @@ class WarmPool:
         self.misses += 1
         return None
 
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
-
-    def _discard_soon(self, pair: _Pair) -> None:
-        if self._tg is not None:
-            self._tg.start_soon(_release, pair.stack)
-
-    async def _slot(self, key: str, plan: ExecutionPlan) -> None:
-        failures = 0
-        while True:
-            try:
-                pair = await self._new_pair(plan)
-            except Exception as exc:
-                failures += 1
-                self._failure = exc
-                self._notify()
-                event(log, "warning", "warm pool could not make a sandbox", error=repr(exc))
-                await anyio.sleep(min(2.0**failures, MAX_BACKOFF_S))
-                continue
-            failures = 0
-            self._failure = None
-            pairs = self._idle[key]
-            pairs.append(pair)
-            self._notify()
-            with anyio.move_on_after(pair.started_at + self.max_idle_s - anyio.current_time()):
-                await pair.taken.wait()
-            if not pair.taken.is_set():
-                pairs.remove(pair)
-                self._notify()
-                await _release(pair.stack)
-
-    async def _new_pair(self, plan: ExecutionPlan) -> _Pair:
+    async def _make(self, key: str, plan: ExecutionPlan) -> Ready[_Pair]:
         stack = AsyncExitStack()
         started = anyio.current_time()
         try:
             with anyio.fail_after(plan.timeouts.startup_s):
-                session = await self._make(plan, stack, Pooling(self.id, self.max_idle_s))
+                session = await self._make_pair(plan, stack, Pooling(self.id, self.max_idle_s))
         except BaseException:
-            await _release(stack)
+            await release(stack.aclose, log)
             raise
-        return _Pair(session, stack, started)
+        return Ready(_Pair(session, stack), started + self.max_idle_s)
 
-    async def _drain(self) -> None:
-        pairs = [pair for idle in self._idle.values() for pair in idle]
-        for idle in self._idle.values():
-            idle.clear()
-        with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as tg:
-                for pair in pairs:
-                    tg.start_soon(_release, pair.stack)
-        if pairs:
-            event(log, "info", "warm pool drained", pool=self.id, sandboxes=len(pairs))
-
-
-async def _release(stack: AsyncExitStack) -> None:
-    with anyio.CancelScope(shield=True) as scope:
-        scope.deadline = anyio.current_time() + CLEANUP_TIMEOUT_S
-        try:
-            await stack.aclose()
-        except Exception as exc:
-            event(log, "error", "warm pool cleanup failed", error=repr(exc))
+    async def _retire(self, ready: Ready[_Pair]) -> None:
+        await release(ready.item.stack.aclose, log)
 
 
 async def collect_idle(client: Engine, tokens: int, owner: str, now: float) -> list[str]:

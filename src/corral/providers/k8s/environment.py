@@ -45,6 +45,7 @@ from corral.core.services import wait_healthy
 from corral.core.session import EnvironmentSession
 from corral.core.snapshot import SnapshotRef
 from corral.core.snapshot_store import SnapshotShelf, default_root
+from corral.core.warmpool import Ready
 from corral.errors import ConfigError, NetworkPolicyNotEnforced, ProviderError, SessionIdTaken
 from corral.helper import WithHelper
 from corral.network.policy import NetworkMode, NetworkPolicy
@@ -300,7 +301,7 @@ class KubernetesEnvironment(BaseEnvironment):
 
     async def _make_pooled(
         self, plan: ExecutionPlan, owned: AsyncExitStack, pooling: Pooling
-    ) -> Pooled:
+    ) -> Ready[Pooled]:
         """One Pod for a warm pool: made as a cold open makes it, `no-network` verified by
         the probe, then marked idle (claimable); its workload's gate stays closed."""
         async with limiter(f"open:{self.id}", self.max_concurrent_opens):
@@ -309,7 +310,7 @@ class KubernetesEnvironment(BaseEnvironment):
             await self._apply_baseline(session, NetworkPolicy.no_network())
             until = str(int(time.time() + pooling.max_idle_s))
             pod = await self._label(session.target.pod, {STATE: IDLE, IDLE_UNTIL: until})
-        return Pooled.of(pod, anyio.current_time() + pooling.max_idle_s)
+        return Ready(Pooled.of(pod), anyio.current_time() + pooling.max_idle_s)
 
     async def _claim(
         self, pool: WarmPool, plan: ExecutionPlan, owned: AsyncExitStack

@@ -43,20 +43,19 @@ import logging
 import math
 import secrets
 import time
-from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import anyio
 from anyio.abc import TaskGroup
 from kubernetes.client.exceptions import ApiException
 
-from corral.core.environment import CLEANUP_TIMEOUT_S
 from corral.core.labels import EXPIRES_AT, OWNER, SESSION, is_session_id
 from corral.core.logs import event
 from corral.core.plan import ExecutionPlan
+from corral.core.warmpool import Ready, SlotPool, release
 from corral.errors import ProviderError
 from corral.network.targets import IPAddress
 from corral.providers.k8s.api import Api, call, explain, idempotent, status_of
@@ -80,7 +79,6 @@ FILLING, IDLE, CLAIMED = "filling", "idle", "claimed"
 
 #: How often a pool lists its Pods to learn which were claimed by another process.
 POLL_S = 1.0
-MAX_BACKOFF_S = 60.0
 #: A Pod this close to its idle age is left to its pool's replacement, not claimed.
 CLAIM_MARGIN_S = 2.0
 #: Conditional writes tried per Pod when something else (the kubelet) wrote it meanwhile.
@@ -188,12 +186,9 @@ class Pooled:
     resource_version: str
     started_at: float | None
     active_deadline_s: int | None
-    #: anyio time after which it is stale
-    stale_at: float
-    taken: anyio.Event = field(default_factory=anyio.Event)
 
     @classmethod
-    def of(cls, pod: Any, stale_at: float) -> Pooled:
+    def of(cls, pod: Any) -> Pooled:
         return cls(
             name=pod.metadata.name,
             session_id=_labels(pod)[SESSION],
@@ -201,7 +196,6 @@ class Pooled:
             resource_version=pod.metadata.resource_version,
             started_at=_started_at(pod),
             active_deadline_s=pod.spec.active_deadline_seconds,
-            stale_at=stale_at,
         )
 
 
@@ -251,7 +245,7 @@ class Cluster:
 
 
 #: Makes one pooled Pod for `plan`, pushing its undo onto the stack; returns it idle.
-MakePod = Callable[[ExecutionPlan, AsyncExitStack, Pooling], Awaitable[Pooled]]
+MakePod = Callable[[ExecutionPlan, AsyncExitStack, Pooling], Awaitable[Ready[Pooled]]]
 
 
 @dataclass(frozen=True)
@@ -312,8 +306,8 @@ async def remove_unclaimed(
     return True
 
 
-class WarmPool:
-    """Idle Pods per pool key, refilled by slot tasks this pool's `running()` owns."""
+class WarmPool(SlotPool[Pooled]):
+    """Idle Pods per pool key (`core.warmpool`), claimed by a conditional write."""
 
     def __init__(
         self,
@@ -325,62 +319,17 @@ class WarmPool:
         max_idle_s: float,
         delete: Callable[[str, str, str, str | None], Awaitable[None]],
     ) -> None:
-        self.id = secrets.token_hex(4)
-        self.size = size
+        super().__init__(plans, size=size, log=log)
         self.max_idle_s = max_idle_s
-        #: opens served by a pooled Pod, opens that went cold, claims another claimer won
-        self.hits = 0
-        self.misses = 0
+        #: claims another claimer won
         self.lost = 0
-        self._make = make
+        self._make_pod = make
         self._cluster = cluster
         self._delete = delete
-        self._plans = dict(plans)
-        self._idle: dict[str, deque[Pooled]] = {key: deque() for key in self._plans}
-        self._changed = anyio.Event()
-        self._failure: Exception | None = None
-        self._tg: TaskGroup | None = None
 
-    def __repr__(self) -> str:
-        return (
-            f"<WarmPool id={self.id} keys={len(self._plans)} size={self.size} idle={self.idle()}>"
-        )
-
-    def idle(self) -> int:
-        """This pool's Pods waiting to be claimed, over every key."""
-        return sum(len(pods) for pods in self._idle.values())
-
-    @asynccontextmanager
-    async def running(self) -> AsyncGenerator[WarmPool]:
-        """Fill and refill in the background while the block runs; drain on the way out."""
-        try:
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                for key, plan in self._plans.items():
-                    for _ in range(self.size):
-                        tg.start_soon(self._slot, key, plan)
-                if self.size:
-                    tg.start_soon(self._watch, tg)
-                try:
-                    yield self
-                finally:
-                    self._tg = None
-                    tg.cancel_scope.cancel()
-        finally:
-            self._tg = None
-            await self._drain()
-
-    async def ready(self) -> None:
-        """Wait until every key has `size` idle Pods; raise if making one failed."""
-        while True:
-            changed = self._changed
-            if self._failure is not None:
-                raise ProviderError(
-                    f"warm pool {self.id} could not make a sandbox: {self._failure}"
-                ) from self._failure
-            if all(len(pods) >= self.size for pods in self._idle.values()):
-                return
-            await changed.wait()
+    def _background(self, tg: TaskGroup) -> None:
+        if self.size:
+            tg.start_soon(self._watch, tg)
 
     async def claim(self, key: str, terms: ClaimTerms, owned: AsyncExitStack) -> Any | None:
         """A running pooled Pod of `key`, claimed for good, its removal pushed onto `owned`;
@@ -390,20 +339,21 @@ class WarmPool:
             return None
         idle = self._idle[key]
         tried: set[str] = set()
-        for record in list(idle):
+        for ready in list(idle):
+            record = ready.item
             tried.add(record.name)
-            if record not in idle or record.stale_at - anyio.current_time() < CLAIM_MARGIN_S:
+            if ready not in idle or ready.stale_at - anyio.current_time() < CLAIM_MARGIN_S:
                 continue  # another task has it, or its slot replaces it in a moment
-            idle.remove(record)
+            idle.remove(ready)
             self._notify()
             seen = _Seen(record.resource_version, record.started_at, record.active_deadline_s)
             pod, kept = await self._claim_one(record.name, seen, terms, owned)
             if kept and self._running():
-                idle.append(record)  # still idle: only the claim's writes failed
+                idle.append(ready)  # still idle: only the claim's writes failed
             else:
                 if kept:  # the pool is draining: its Pods go
-                    await self._retire(record)
-                record.taken.set()  # ours now, or another claimer's, or gone: refill
+                    await self._retire(ready)
+                ready.taken.set()  # ours now, or another claimer's, or gone: refill
             if pod is not None:
                 self.hits += 1
                 return pod
@@ -416,10 +366,6 @@ class WarmPool:
                 return pod
         self.misses += 1
         return None
-
-    def _running(self) -> bool:
-        """Whether the block runs (not draining): only then are Pods claimed or kept."""
-        return self._tg is not None
 
     async def _listed(self, key: str) -> list[Any]:
         """Idle Pods of `key` of every pool of this owner, oldest first."""
@@ -463,7 +409,7 @@ class WarmPool:
                 if fatal(pod) is not None or not running(pod):
                     cause = fatal(pod) or "not running"
                     event(log, "warning", "claimed pooled Pod unusable", pod=name, cause=cause)
-                    await _release(functools.partial(self._remove_claimed, pod))
+                    await release(functools.partial(self._remove_claimed, pod), log)
                     return None, False
                 self._own(pod, owned)
                 return pod, False
@@ -516,45 +462,16 @@ class WarmPool:
         await self._delete("pod", name, sid, instance)
         await self._delete("network_policy", name, sid, instance)
 
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
-
-    async def _slot(self, key: str, plan: ExecutionPlan) -> None:
-        failures = 0
-        while True:
-            try:
-                record = await self._new_pod(key, plan)
-            except Exception as exc:
-                failures += 1
-                self._failure = exc
-                self._notify()
-                event(log, "warning", "warm pool could not make a sandbox", error=repr(exc))
-                await anyio.sleep(min(2.0**failures, MAX_BACKOFF_S))
-                continue
-            failures = 0
-            self._failure = None
-            idle = self._idle[key]
-            idle.append(record)
-            self._notify()
-            with anyio.move_on_after(record.stale_at - anyio.current_time()):
-                await record.taken.wait()
-            if not record.taken.is_set():
-                if record in idle:
-                    idle.remove(record)
-                self._notify()
-                await self._retire(record)
-
-    async def _new_pod(self, key: str, plan: ExecutionPlan) -> Pooled:
+    async def _make(self, key: str, plan: ExecutionPlan) -> Ready[Pooled]:
         stack = AsyncExitStack()
         try:
             with anyio.fail_after(plan.timeouts.startup_s):
-                record = await self._make(plan, stack, Pooling(self.id, key, self.max_idle_s))
+                ready = await self._make_pod(plan, stack, Pooling(self.id, key, self.max_idle_s))
         except BaseException:
-            await _release(stack.aclose)
+            await release(stack.aclose, log)
             raise
         stack.pop_all()  # idle now: removed only unclaimed (_retire), or by its claimer
-        return record
+        return ready
 
     async def _watch(self, tg: TaskGroup) -> None:
         """Every POLL_S, what the API server says of this pool's idle Pods: one claimed by
@@ -564,7 +481,7 @@ class WarmPool:
             await anyio.sleep(POLL_S)
             # Only what was idle before the list went out: one marked idle while it was on
             # its way may be listed as it was before.
-            listed = {record.name for idle in self._idle.values() for record in idle}
+            listed = {ready.item.name for idle in self._idle.values() for ready in idle}
             if not listed:
                 continue
             try:
@@ -574,58 +491,38 @@ class WarmPool:
                 continue
             found = {p.metadata.name: p for p in pods}
             for idle in self._idle.values():
-                for record in list(idle):
-                    if record.name not in listed:
+                for ready in list(idle):
+                    if ready.item.name not in listed:
                         continue
-                    pod = found.get(record.name)
+                    pod = found.get(ready.item.name)
                     if pod is not None and _idle(pod) and running(pod):
-                        record.resource_version = pod.metadata.resource_version
+                        ready.item.resource_version = pod.metadata.resource_version
                         continue
-                    idle.remove(record)
+                    idle.remove(ready)
                     self._notify()
                     if pod is not None and _idle(pod):
-                        tg.start_soon(self._replace, record)
+                        tg.start_soon(self._replace, ready)
                     else:
-                        record.taken.set()
+                        ready.taken.set()
 
-    async def _replace(self, record: Pooled) -> None:
+    async def _replace(self, ready: Ready[Pooled]) -> None:
         """An idle Pod that stopped running: removed, then its slot makes the next."""
-        event(log, "warning", "pooled Pod stopped running; replacing it", pod=record.name)
-        await self._retire(record)
-        record.taken.set()
+        event(log, "warning", "pooled Pod stopped running; replacing it", pod=ready.item.name)
+        await self._retire(ready)
+        ready.taken.set()
 
-    async def _retire(self, record: Pooled) -> None:
+    async def _retire(self, ready: Ready[Pooled]) -> None:
         """Remove an idle Pod unless someone claimed it meanwhile (shielded, bounded)."""
-        cluster = self._cluster
+        cluster, record = self._cluster, ready.item
 
         async def remove() -> None:
             await remove_unclaimed(cluster, record.name, record.session_id, record.instance)
 
-        await _release(remove)
-
-    async def _drain(self) -> None:
-        records = [record for idle in self._idle.values() for record in idle]
-        for idle in self._idle.values():
-            idle.clear()
-        with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as tg:
-                for record in records:
-                    tg.start_soon(self._retire, record)
-        if records:
-            event(log, "info", "warm pool drained", pool=self.id, sandboxes=len(records))
+        await release(remove, log)
 
 
 def _idle(pod: Any) -> bool:
     return _labels(pod).get(STATE) == IDLE and pod.metadata.deletion_timestamp is None
-
-
-async def _release(undo: Callable[[], Awaitable[object]]) -> None:
-    with anyio.CancelScope(shield=True) as scope:
-        scope.deadline = anyio.current_time() + CLEANUP_TIMEOUT_S
-        try:
-            await undo()
-        except Exception as exc:
-            event(log, "error", "warm pool cleanup failed", error=repr(exc))
 
 
 async def collect_idle(cluster: Cluster, now: float) -> list[str]:
