@@ -211,6 +211,10 @@ func main() {
 		killMarked(os.Args[2])
 		return
 	}
+	if len(os.Args) >= 5 && os.Args[1] == "--probe-dial" {
+		probeDialMain(os.Args[2:])
+		return
+	}
 	if len(os.Args) >= 8 && os.Args[1] == "--as" {
 		asMain(os.Args[2:])
 		return

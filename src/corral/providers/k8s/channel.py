@@ -86,6 +86,8 @@ _COPY = (
     'else busybox mv -f "$2/$3" "$2/$4"; fi'
 )
 _HELPER = "corral-exec"
+#: the helper as corral's probe container sees it (the programs volume, read-write there)
+PROBE_HELPER = f"{PROGRAMS_RW}/{_HELPER}"
 
 
 class PlainExecutor(Stateless):

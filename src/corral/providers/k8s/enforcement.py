@@ -111,15 +111,18 @@ async def verify(
     resolved: Resolution,
     candidates: list[tuple[IPAddress, int]],
     timeout_s: float,
+    *,
+    dialler: str | None = None,
 ) -> float:
-    """Dial a forbidden destination until refused; returns seconds until enforced."""
+    """Dial a forbidden destination until refused; returns seconds until enforced.
+    `dialler`: corral's helper in the probe container (`probe.dial`), else busybox."""
     forbidden = forbidden_probe(policy, resolved, candidates)
     if forbidden is None:
         return 0.0
     host, port = forbidden
     started = time.monotonic()
     deadline = started + timeout_s
-    while await probe.dial(prober, str(host), port):
+    while await probe.dial(prober, str(host), port, dialler):
         if time.monotonic() > deadline:
             raise NetworkPolicyNotEnforced(
                 f"{host}:{port}, which {policy} forbids, still answered {timeout_s:.0f} s "

@@ -95,15 +95,20 @@ async def run(target: Target, argv: list[str], stdin: bytes | None = None) -> st
     return result.stdout
 
 
-async def dial(target: Target, host: str, port: int) -> bool:
-    """Whether a TCP connection to `host:port` opens from the Pod's network namespace.
+async def dial(target: Target, host: str, port: int, dialler: str | None = None) -> bool:
+    """Whether a TCP connection to `host:port` opens from the Pod's network namespace,
+    dialled by corral's helper at `dialler` (`--probe-dial`: an ICMP refusal ends it at
+    once) or, without one, by DIAL_SCRIPT.
 
     Fails closed: when the positive control does not connect, or the output is anything
-    but the script's own verdict, this raises instead of answering.
+    but the dialler's own verdict, this raises instead of answering.
     """
     control = str(secrets.randbelow(_CONTROL_PORTS[1] - _CONTROL_PORTS[0]) + _CONTROL_PORTS[0])
-    output = await run(target, ["sh", "-c", DIAL_SCRIPT, "sh", control, host, str(port)])
-    return verdict(output, target.pod)
+    if dialler is not None:
+        argv = [dialler, "--probe-dial", control, host, str(port)]
+    else:
+        argv = ["sh", "-c", DIAL_SCRIPT, "sh", control, host, str(port)]
+    return verdict(await run(target, argv), target.pod)
 
 
 def verdict(output: str, pod: str) -> bool:

@@ -52,7 +52,12 @@ from corral.network.resolve import needs_dns
 from corral.network.targets import EntryType, IPAddress
 from corral.providers.k8s import enforcement
 from corral.providers.k8s.api import call
-from corral.providers.k8s.channel import ChannelExecutor, PlainExecutor, start_program
+from corral.providers.k8s.channel import (
+    PROBE_HELPER,
+    ChannelExecutor,
+    PlainExecutor,
+    start_program,
+)
 from corral.providers.k8s.execution import (
     ExecStream,
     Target,
@@ -422,8 +427,25 @@ class KubernetesSession(EnvironmentSession):
         if not self.verify:
             return
         self.last_enforced_s = await enforcement.verify(
-            self.prober, policy, resolved, self.probe_candidates, self.verify_timeout_s
+            self.prober,
+            policy,
+            resolved,
+            self.probe_candidates,
+            self.verify_timeout_s,
+            dialler=await self._dialler(),
         )
+
+    async def _dialler(self) -> str | None:
+        """corral's helper as the probe container sees it, put in the programs volume
+        (through that container) on first use: its dial reports an ICMP refusal at once,
+        where busybox's waits a second for a retransmit. None: busybox's dial."""
+        if not isinstance(self.executor, ChannelExecutor):
+            return None
+        try:
+            await self.executor.installed()
+        except (ChannelUnavailable, ProviderError):
+            return None
+        return PROBE_HELPER
 
     async def _end_workload(self) -> None:
         """Every process of the sandbox container but its PID 1, killed and shown gone by
