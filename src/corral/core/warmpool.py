@@ -46,10 +46,15 @@ class Ready(Generic[T]):
 class SlotPool(abc.ABC, Generic[T]):
     """Idle sandboxes per pool key, refilled by slot tasks this pool's `running()` owns."""
 
-    def __init__(self, plans: Mapping[str, ExecutionPlan], *, size: int, log: logging.Logger):
+    #: opens served by a pooled sandbox, and opens that went cold
+    hits: int
+    misses: int
+
+    def __init__(
+        self, plans: Mapping[str, ExecutionPlan], *, size: int, log: logging.Logger
+    ) -> None:
         self.id = secrets.token_hex(4)
         self.size = size
-        #: opens served by a pooled sandbox, and opens that went cold
         self.hits = 0
         self.misses = 0
         self._plans = dict(plans)
