@@ -231,3 +231,31 @@ def test_compose_overlays_are_refused(owner: str, tmp_path: Path) -> None:
     overlay.write_text(SIDECAR)
     with pytest.raises(ValueError, match="extra-docker-compose.*overlay.yaml"):
         environment(owner, tmp_path, extra_docker_compose=[overlay])
+
+
+@pytest.mark.anyio
+async def test_an_agents_key_is_withheld_and_its_base_url_routed(
+    engine: Any, owner: str, tmp_path: Path
+) -> None:
+    """The key Harbor would hand the agent never reaches the sandbox; its base URL is the
+    route's, served by corral's proxy (which would add the real key upstream)."""
+    route = {"upstream": "https://api.example.com/v1", "headers": {"X-Api-Key": "sk-real-key"}}
+    env = environment(
+        owner,
+        tmp_path,
+        credentials={"model": route},
+        credential_env={"OPENAI_BASE_URL": "model"},
+        withhold_env=["OPENAI_API_KEY"],
+    )
+    await env.start(force_build=False)
+    try:
+        seen = await env.exec(
+            'echo "$OPENAI_API_KEY"; echo "$OPENAI_BASE_URL"; env | grep -c sk-real-key || true',
+            env={"OPENAI_API_KEY": "sk-real-key", "OPENAI_BASE_URL": "https://elsewhere"},
+        )
+    finally:
+        await env.stop(delete=True)
+    key, url, count = (seen.stdout or "").split()
+    assert key == "corral-credential-route" and count == "0", seen
+    assert url.startswith("http://") and url.endswith("/model"), url
+    assert leftovers(engine, owner) == []

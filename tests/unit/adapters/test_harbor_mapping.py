@@ -120,3 +120,28 @@ def test_config_is_strict_and_owned_by_harbor() -> None:
         HarborEnvironmentConfig.model_validate({"provder": "docker"})
     with pytest.raises(ValidationError):
         config.provider = "local"  # frozen
+
+
+def test_a_routed_variable_is_its_routes_url_and_a_withheld_one_holds_no_key() -> None:
+    from corral.adapters.harbor.config import WITHHELD, HarborEnvironmentConfig
+
+    route = {"upstream": "https://api.example.com/v1", "headers": {"Authorization": "k"}}
+    options = HarborEnvironmentConfig.model_validate(
+        {
+            "credentials": {"model": route},
+            "credential_env": {"OPENAI_BASE_URL": "model"},
+            "withhold_env": ["OPENAI_API_KEY"],
+        }
+    )
+    given = {"OPENAI_API_KEY": "sk-real", "OTHER": "x", "OPENAI_BASE_URL": "https://leak"}
+    routed = options.routed(given, {"model": "http://10.0.0.1:9/t/model"})
+    assert routed == {
+        "OPENAI_API_KEY": WITHHELD,
+        "OTHER": "x",
+        "OPENAI_BASE_URL": "http://10.0.0.1:9/t/model",
+    }
+    assert "sk-real" not in repr(options)
+    with pytest.raises(ValueError, match="names route 'nope'"):
+        HarborEnvironmentConfig.model_validate(
+            {"credentials": {"model": route}, "credential_env": {"X_URL": "nope"}}
+        )

@@ -32,6 +32,7 @@ from corral.adapters.harbor.mapping import (
     shell_command,
 )
 from corral.compose import plan_from_compose
+from corral.core.credentials import route_env_name
 from corral.core.environment import ENVIRONMENTS, BaseEnvironment
 from corral.core.plan import ExecutionPlan, Resources, Timeouts
 from corral.core.session import EnvironmentSession, Stream
@@ -66,6 +67,8 @@ def define(hb: Contract) -> type[Any]:
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self._session: EnvironmentSession | None = None
+            #: route name -> the URL the sandbox reaches it at (read once it started)
+            self._route_urls: dict[str, str] = {}
             super().__init__(*args, **kwargs)  # pyright: ignore[reportUnknownMemberType]
             if self._host_mounts:
                 raise ValueError(
@@ -153,7 +156,7 @@ def define(hb: Contract) -> type[Any]:
                 native=native,
                 task_image=cfg.docker_image,
                 workdir=cfg.workdir,
-                env=self._startup_env(),
+                env=self.options.withheld(self._startup_env()) or {},
                 resources=Resources(
                     cpu=self._resource_limit_value("cpu", auto_mode=limit),
                     memory_mb=self._resource_limit_value("memory", auto_mode=limit),
@@ -164,6 +167,7 @@ def define(hb: Contract) -> type[Any]:
                 network=corral_schedule(self._network_policy, self._phase_network_policies),
                 benchmark="harbor",
                 task_id=self.environment_name,
+                credentials=self.options.credentials,
             )
             compose = Path(self.environment_dir) / "docker-compose.yaml"
             return plan if not compose.exists() else compose_plan(compose, plan)
@@ -180,6 +184,7 @@ def define(hb: Contract) -> type[Any]:
             self._session = await self._provider.open(self._plan)
             log.info("harbor %s is corral session %s", self.session_id, self._session.id)
             try:
+                self._route_urls = await route_urls(self._session, self.options)
                 await self._upload_environment_dir_after_start()
                 await self.ensure_dirs(self._mount_targets(writable_only=True))
             except BaseException:
@@ -265,13 +270,16 @@ def define(hb: Contract) -> type[Any]:
             result = await self._live().exec(
                 shell_command(command),
                 cwd=cwd or (self.task_env_config.workdir if main else None),
-                env=self._merge_env(env) if main else env,
+                env=self._routed(env) if main else env,
                 user=None if who is None else str(who),
                 timeout=timeout_sec,
                 on_output=None if callback is None else relay,
                 service=service,
             )
             return hb.ExecResult(**exec_fields(result, timeout_sec))
+
+        def _routed(self, env: dict[str, str] | None) -> dict[str, str] | None:
+            return self.options.routed(self._merge_env(env), self._route_urls)
 
         async def upload_file(self, source_path: Path | str, target_path: str) -> None:
             await self._live().upload(source_path, target_path)
@@ -286,6 +294,20 @@ def define(hb: Contract) -> type[Any]:
             await self._live().download_dir(source_dir, target_dir)
 
     return CorralEnvironment
+
+
+async def route_urls(
+    session: EnvironmentSession, options: HarborEnvironmentConfig
+) -> dict[str, str]:
+    """The URL of each route `credential_env` names, as the sandbox was given it."""
+    urls: dict[str, str] = {}
+    for route in sorted(set(options.credential_env.values())):
+        variable = route_env_name(route)
+        found = await session.exec(["printenv", variable], timeout=30)
+        if not found.ok or not found.stdout.strip():
+            raise ValueError(f"the sandbox has no {variable} for credential route {route!r}")
+        urls[route] = found.stdout.strip()
+    return urls
 
 
 def _sidecar(service: str | None) -> str | None:
