@@ -18,7 +18,7 @@ from corral.errors import ProviderError
 from corral.helper.channel import Channel, Refused
 from corral.helper.link import MAX_FRAME, ChannelUnavailable, FrameParser, ProtocolError, frame
 from corral.providers.docker.channel import EngineStream
-from corral.providers.k8s.channel import WebSocketTransport
+from corral.providers.k8s.websocket import PORT_FORWARD, WebSocketTransport
 from tests.unit.fake_helper import FakeHelper
 
 pytestmark = pytest.mark.anyio
@@ -255,3 +255,20 @@ def test_the_websocket_transport_routes_channels_fragments_and_pings() -> None:
         WebSocketTransport(
             type("WS", (), {"sock": type("Inner", (), {"sock": _Sock()})()})()
         )._parse(bytes([0x82, 127]) + (1 << 40).to_bytes(8, "big"))  # pyright: ignore[reportPrivateUsage]
+
+
+def test_the_port_forward_layout_drops_each_channels_port_and_keeps_its_errors() -> None:
+    ws: Any = type("WS", (), {"sock": type("Inner", (), {"sock": _Sock()})()})()
+    transport = WebSocketTransport(ws, PORT_FORWARD)
+    port = (8080).to_bytes(2, "little")
+    data = (
+        _server_frame(ABNF.OPCODE_BINARY, b"\x00" + port)
+        + _server_frame(ABNF.OPCODE_BINARY, b"\x01" + port)
+        + _server_frame(ABNF.OPCODE_BINARY, b"\x00HTTP/1.1 200")
+        + _server_frame(ABNF.OPCODE_BINARY, b"\x00\x90\x1f more")
+        + _server_frame(ABNF.OPCODE_BINARY, b"\x01connection refused")
+    )
+    got = transport._parse(data)  # pyright: ignore[reportPrivateUsage]
+    assert got == b"HTTP/1.1 200\x90\x1f more", "only the first two bytes of a channel are its port"
+    assert transport.diagnostics() == "connection refused"
+    transport.close()

@@ -1,22 +1,21 @@
 """`endpoint(port)`: a port-forward to 127.0.0.1 owned by the session.
 
-A listener on a loopback port; each connection to it gets its own port-forward stream
-to the Pod, pumped by a thread. `close()` (pushed onto the session's owned stack) stops
-the listener and every open connection.
+A listener on a loopback port; each connection to it gets its own port-forward websocket
+to the Pod, pumped by two threads (`websocket.WebSocketTransport`: epoll, never the
+kubernetes client's `select()` proxy, which fails once the harness has 1024 descriptors).
+`close()` (pushed onto the session's owned stack) stops the listener and every open
+connection.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import selectors
 import socket
 import threading
-from typing import Any
 
 from corral.providers.k8s.api import Api
-
-portforward: Api = importlib.import_module("kubernetes.stream").portforward
+from corral.providers.k8s.execution import stream
+from corral.providers.k8s.websocket import IO_CHUNK, PORT_FORWARD, WebSocketTransport
 
 
 class PortForwarder:
@@ -45,23 +44,26 @@ class PortForwarder:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        forward: Any = None
+        transport: WebSocketTransport | None = None
         try:
-            forward = portforward(
+            ws: Api = stream(
                 self.clients.streaming().connect_get_namespaced_pod_portforward,
                 self.pod,
                 self.namespace,
                 ports=str(self.remote_port),
+                _preload_content=False,
+                binary=True,
             )
-            _pump(conn, forward.socket(self.remote_port))
+            transport = WebSocketTransport(ws, PORT_FORWARD)
+            _pump(conn, transport)
         except Exception:
             pass
         finally:
             with self._lock:
                 self._open.discard(conn)
             conn.close()
-            if forward is not None:
-                forward.close()
+            if transport is not None:
+                transport.close()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -74,18 +76,27 @@ class PortForwarder:
         self._thread.join(timeout=5)
 
 
-def _pump(local: socket.socket, remote: Any) -> None:
-    """Copy bytes both ways until either side closes."""
-    selector = selectors.DefaultSelector()
-    selector.register(local, selectors.EVENT_READ, remote)
-    selector.register(remote, selectors.EVENT_READ, local)
+def _pump(local: socket.socket, remote: WebSocketTransport) -> None:
+    """Copy bytes both ways until either side closes: the websocket's reader in a thread
+    of its own (`recv` drives the socket, and flushes what `send` queues)."""
+
+    def down() -> None:
+        try:
+            while data := remote.recv():
+                local.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                local.shutdown(socket.SHUT_RDWR)
+
+    reader = threading.Thread(target=down, name="corral-forward-reader", daemon=True)
+    reader.start()
     try:
-        while True:
-            for key, _ in selector.select():
-                source: Any = key.fileobj
-                data: bytes = source.recv(65536)
-                if not data:
-                    return
-                key.data.sendall(data)
+        while data := local.recv(IO_CHUNK):
+            remote.send(data)
+    except OSError:
+        pass
     finally:
-        selector.close()
+        remote.shutdown()
+        reader.join()
