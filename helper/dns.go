@@ -74,6 +74,8 @@ type dnsEntry struct {
 	Wildcard bool   `json:"wildcard"`
 	Set4     string `json:"set4"`
 	Set6     string `json:"set6"`
+	// the port of the policy's entry (0: any); the name gate admits the name on it
+	Port int `json:"port"`
 }
 
 type dnsConfig struct {
@@ -110,6 +112,9 @@ func parseConfig(data []byte) (*dnsConfig, error) {
 		}
 		if !setName.MatchString(e.Set4) || !setName.MatchString(e.Set6) {
 			return nil, fmt.Errorf("bad set names %q %q", e.Set4, e.Set6)
+		}
+		if e.Port < 0 || e.Port > 65535 {
+			return nil, fmt.Errorf("bad port %d", e.Port)
 		}
 	}
 	return &cfg, nil
@@ -632,7 +637,34 @@ func (r *resolver) serveUDP(conn *net.UDPConn) {
 	}
 }
 
-func (r *resolver) serveTCP(listener net.Listener) {
+// serveTCP: length-framed queries on each connection until it idles out.
+func (r *resolver) serveTCP(conn net.Conn) {
+	for {
+		_ = conn.SetDeadline(time.Now().Add(tcpIdle))
+		var size [2]byte
+		if _, err := io.ReadFull(conn, size[:]); err != nil {
+			return
+		}
+		query := make([]byte, binary.BigEndian.Uint16(size[:]))
+		if _, err := io.ReadFull(conn, query); err != nil {
+			return
+		}
+		out := r.answer(query, false)
+		if out == nil {
+			return
+		}
+		framed := make([]byte, 2+len(out))
+		binary.BigEndian.PutUint16(framed, uint16(len(out)))
+		copy(framed[2:], out)
+		if _, err := conn.Write(framed); err != nil {
+			return
+		}
+	}
+}
+
+// serveConns: each accepted connection handled in its own goroutine while one of `slots`
+// is free (else closed at once), closed after, a panic confined to it.
+func serveConns(listener net.Listener, slots chan struct{}, handle func(net.Conn)) {
 	for {
 		conn, err := listener.Accept()
 		if err != nil {
@@ -643,37 +675,28 @@ func (r *resolver) serveTCP(listener net.Listener) {
 			continue
 		}
 		select {
-		case r.slots <- struct{}{}:
+		case slots <- struct{}{}:
 		default:
 			conn.Close()
 			continue
 		}
 		go func() {
-			defer func() { <-r.slots }()
+			defer func() { <-slots }()
 			defer conn.Close()
-			for {
-				_ = conn.SetDeadline(time.Now().Add(tcpIdle))
-				var size [2]byte
-				if _, err := io.ReadFull(conn, size[:]); err != nil {
-					return
-				}
-				query := make([]byte, binary.BigEndian.Uint16(size[:]))
-				if _, err := io.ReadFull(conn, query); err != nil {
-					return
-				}
-				out := r.answer(query, false)
-				if out == nil {
-					return
-				}
-				framed := make([]byte, 2+len(out))
-				binary.BigEndian.PutUint16(framed, uint16(len(out)))
-				copy(framed[2:], out)
-				if _, err := conn.Write(framed); err != nil {
-					return
-				}
-			}
+			defer func() { _ = recover() }()
+			handle(conn)
 		}()
 	}
+}
+
+// mustListen: a TCP listener on addr, or the resolver exits (its start then fails).
+func mustListen(addr string) net.Listener {
+	listener, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "corral-dns: %v\n", err)
+		os.Exit(1)
+	}
+	return listener
 }
 
 func dnsMain(dir string) {
@@ -683,11 +706,9 @@ func dnsMain(dir string) {
 		fmt.Fprintf(os.Stderr, "corral-dns: %v\n", err)
 		os.Exit(1)
 	}
-	tcp, err := net.Listen("tcp", dnsListen)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "corral-dns: %v\n", err)
-		os.Exit(1)
-	}
+	tcp := mustListen(dnsListen)
+	// The name gate's ports, taken before the sandbox can: one it holds fails the start.
+	tlsGate, httpGate := mustListen(gateTLS), mustListen(gateHTTP)
 	r := &resolver{dir: dir, slots: make(chan struct{}, maxInflight), addSets: ipsetAdd, ask: askUpstream}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -695,7 +716,10 @@ func dnsMain(dir string) {
 	r.load()
 	writeAtomic(filepath.Join(dir, "pid"), fmt.Sprintf("%d\n", os.Getpid()))
 	go r.serveUDP(udp)
-	go r.serveTCP(tcp)
+	go serveConns(tcp, r.slots, r.serveTCP)
+	// A refusal tells the sandbox nothing: its connection just closes.
+	go serveConns(tlsGate, gateSlots, func(c net.Conn) { _ = r.serveTLS(c) })
+	go serveConns(httpGate, gateSlots, func(c net.Conn) { _ = r.serveHTTP(c) })
 	for range hup {
 		r.load()
 	}

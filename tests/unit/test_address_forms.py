@@ -27,7 +27,7 @@ SETS = NameSets(generation="0badcafe", upstream=(ipaddress.ip_address("fd00::53"
 # Every line an iptables payload may hold: a table, chain headers, and rules of tokens
 # without spaces, '%' or anything else a zone id could bring.
 PAYLOAD_LINE = re.compile(
-    r"\*filter|COMMIT|:[A-Z-]+ (ACCEPT|DROP|-) \[0:0\]|-A [A-Z-]+( [-\w,./:]+)+|"
+    r"\*filter|\*nat|COMMIT|:[A-Z-]+ (ACCEPT|DROP|-) \[0:0\]|-A [A-Z-]+( [-\w,./:]+| !)+|"
     # the policy record: base64 text only
     r'-A CORRAL-POLICY -m comment --comment "corral-policy:\d+/\d+:[-\w=]+"|'
 )
@@ -35,11 +35,13 @@ PAYLOAD_LINE = re.compile(
 
 def _render_all(policy: NetworkPolicy, resolved: Resolution) -> str:
     payload = render_iptables(policy, resolved)
-    for text in (payload.ipv4, payload.ipv6):
+    for text in (payload.ipv4, payload.ipv6, payload.nat4):
         bad = [line for line in text.split("\n") if not PAYLOAD_LINE.fullmatch(line)]
         assert bad == [], f"unexpected text in the payload: {bad}"
     manifest = render_network_policy(policy, resolved, {"corral.session": "s"}, name="n")
-    return "\n".join([payload.ipv4, payload.ipv6, json.dumps(manifest, sort_keys=True)])
+    return "\n".join(
+        [payload.ipv4, payload.ipv6, payload.nat4, json.dumps(manifest, sort_keys=True)]
+    )
 
 
 C_LIBRARY_FORMS = [

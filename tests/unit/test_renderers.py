@@ -63,6 +63,7 @@ def test_iptables_golden(case: str) -> None:
     payload = render_iptables(CASES[case], WITH_SETS)
     _check(f"{case}.iptables", payload.ipv4)
     _check(f"{case}.ip6tables", payload.ipv6)
+    _check(f"{case}.nat", payload.nat4)
 
 
 def test_iptables_golden_logs_with_the_phase() -> None:

@@ -87,12 +87,18 @@ def test_sets_are_this_applys_only_per_port(family: int) -> None:
     assert sets == {f"corral-0badcafe-any-{family}", f"corral-0badcafe-443-{family}"}
     lines = [line for line in _chain(text) if " -j NFLOG " not in line]
     any_port = [line for line in lines if f"corral-0badcafe-any-{family}" in line]
+    match = f"-m set --match-set corral-0badcafe-any-{family} dst"
+    unmarked = f"-m mark ! --mark {UPSTREAM_MARK:#x} -j REJECT --reject-with tcp-reset"
     assert any_port == [
-        f"-m set --match-set corral-0badcafe-any-{family} dst -j CONNMARK --set-mark 0x1234",
-        f"-m set --match-set corral-0badcafe-any-{family} dst -j ACCEPT",
+        # TCP 443 and 80 only through the name gate (its dials carry the mark)
+        f"{match} -p tcp --dport 443 {unmarked}",
+        f"{match} -p tcp --dport 80 {unmarked}",
+        f"{match} -j CONNMARK --set-mark 0x1234",
+        f"{match} -j ACCEPT",
     ]
     tls = [line for line in lines if f"corral-0badcafe-443-{family}" in line]
-    assert all("--dport 443" in line for line in tls) and len(tls) == 4
+    assert all("--dport 443" in line for line in tls) and len(tls) == 5
+    assert tls[0].endswith(unmarked)
     # Every REJECT still logged first (the events feature).
     lines = _chain(text)
     rejects = [i for i, line in enumerate(lines) if " -j REJECT " in line]
@@ -120,12 +126,14 @@ def test_the_sets_and_the_resolvers_configuration_agree() -> None:
             "wildcard": True,
             "set4": "corral-0badcafe-any-4",
             "set6": "corral-0badcafe-any-6",
+            "port": 0,
         },
         {
             "name": "tls.test",
             "wildcard": True,
             "set4": "corral-0badcafe-443-4",
             "set6": "corral-0badcafe-443-6",
+            "port": 443,
         },
         # Exact hostnames go through the resolver too: a CDN's next answer is admitted.
         {
@@ -133,6 +141,7 @@ def test_the_sets_and_the_resolvers_configuration_agree() -> None:
             "wildcard": False,
             "set4": "corral-0badcafe-any-4",
             "set6": "corral-0badcafe-any-6",
+            "port": 0,
         },
     ]
     assert json.loads(refuse_all_config("off1"))["entries"] == []
@@ -183,6 +192,7 @@ def test_an_exact_hostname_goes_through_corrals_resolver_too(family: int) -> Non
             "wildcard": False,
             "set4": "corral-0badcafe-any-4",
             "set6": "corral-0badcafe-any-6",
+            "port": 0,
         }
     ]
 

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict
 
 from corral.network.addresses import rule_text
 from corral.network.events import LOG_BURST, LOG_COPY_BYTES, LOG_RATE_PER_S, NFLOG_GROUP, log_prefix
+from corral.network.gate import render_gate, to_the_gate, ungated
 from corral.network.policy import NetworkMode, NetworkPolicy, Phase
 from corral.network.policy_record import RECORD_CHAIN, PolicyRecord, record_rules
 from corral.network.resolve import AddressRule, Resolution, address_rules, needs_dns
@@ -53,6 +54,9 @@ class IptablesPayload(BaseModel):
 
     ipv4: str
     ipv6: str
+    #: corral's chain of the IPv4 `nat` table (`iptables-restore --noflush`: Docker's own
+    #: nat rules there stay): the name gate's DNATs, or nothing
+    nat4: str = ""
 
 
 Endpoint = tuple[IPAddress, int]
@@ -77,6 +81,7 @@ def render_iptables(
     return IptablesPayload(
         ipv4=_render_family(policy, resolved, rules, 4, phase, wild, endpoints),
         ipv6=_render_family(policy, resolved, rules, 6, phase, wild, endpoints),
+        nat4=render_gate(policy, rules, _named(policy, resolved), wild, endpoints),
     )
 
 
@@ -148,6 +153,8 @@ def _render_family(
         else:
             body += [f"{dest} -p {proto} --dport 53 -j ACCEPT" for proto in ("udp", "tcp")]
     body.append("-o lo -j ACCEPT")
+    if wild is not None and family == 4:
+        body += to_the_gate()
     if family == 6:
         # Neighbour discovery is IPv6's ARP: without it not even allowed hosts are reachable.
         body += [
@@ -168,6 +175,7 @@ def _render_family(
             # A name's addresses as resolved at apply time, after the refusal: like the
             # ones its answers add later, they never open DNS (unless listed with :53).
             for rule in _family([r for r in rules if r in named], family):
+                body += ungated(f"-d {rule_text(rule.network)}", rule.port)
                 body += _admitting(_match(rule, "-j ACCEPT"), phase)
             body += _learned(policy, wild, family, phase)
         body += reject
@@ -233,6 +241,7 @@ def _learned(policy: NetworkPolicy, wild: NameSets, family: int, phase: Phase | 
     lines: list[str] = []
     for port in wild.ports(policy):
         match = f"-m set --match-set {wild.set_name(port, family)} dst"
+        lines += ungated(match, port)
         protos = [""] if port is None else [f" -p {p} --dport {port}" for p in ("tcp", "udp")]
         for proto in protos:
             lines += _admitting(

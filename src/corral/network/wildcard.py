@@ -119,6 +119,7 @@ class NameSets(BaseModel):
                 "wildcard": t.entry_type is EntryType.WILDCARD_HOSTNAME,
                 "set4": self.set_name(t.port, 4),
                 "set6": self.set_name(t.port, 6),
+                "port": t.port or 0,
             }
             for t in policy.targets
             if t.is_hostname

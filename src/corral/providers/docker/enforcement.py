@@ -24,6 +24,7 @@ from corral.errors import NetworkPolicyNotEnforced, ProviderError
 from corral.helper import helper_binary
 from corral.network.dns import Answer, resolve_names
 from corral.network.events import EventLog, phase_in_rules
+from corral.network.gate import GATE_CHAIN
 from corral.network.iptables import CHAIN, Endpoint, render_iptables
 from corral.network.policy import NetworkPolicy, Phase
 from corral.network.policy_record import PolicyRecord, read_record
@@ -118,15 +119,28 @@ _APPLY = (
     _DNS
     + r"""
 dns_prepare
+# The name gate's DNATs (only where corral's resolver runs, or ran: it is the gate).
+if [ -n "$CORRAL_DNS_GEN" ]; then
+  if ! printf '%s' "$CORRAL_NAT4" | iptables-restore -w 5 --noflush \
+    || ! { iptables -w 5 -t nat -C OUTPUT -j "$CORRAL_GATE" 2>/dev/null \
+      || iptables -w 5 -t nat -I OUTPUT 1 -j "$CORRAL_GATE"; }; then
+    echo 'the name gate rules (nat) failed' >&2
+    iptables -w 5 -t nat -F "$CORRAL_GATE" 2>/dev/null
+    dns_undo
+    exit 9
+  fi
+fi
 old=$(iptables-save -t filter 2>/dev/null)
 if ! printf '%s' "$CORRAL_V4" | iptables-restore -w 5; then
   echo 'iptables-restore failed' >&2
+  iptables -w 5 -t nat -F "$CORRAL_GATE" 2>/dev/null
   dns_undo
   exit 3
 fi
 if ! printf '%s' "$CORRAL_V6" | ip6tables-restore -w 5; then
   echo 'ip6tables-restore failed' >&2
   [ -n "$old" ] && printf '%s\n' "$old" | iptables-restore -w 5
+  iptables -w 5 -t nat -F "$CORRAL_GATE" 2>/dev/null
   dns_undo
   exit 4
 fi
@@ -383,6 +397,8 @@ async def apply_policy(
         "CORRAL_DNS_NAMESERVERS": " ".join(str(a) for a in nameservers),
         "CORRAL_V4": payload.ipv4,
         "CORRAL_V6": payload.ipv6,
+        "CORRAL_NAT4": payload.nat4,
+        "CORRAL_GATE": GATE_CHAIN,
         "CORRAL_CHAIN": CHAIN,
         "CORRAL_PROBE_HOST": "" if probe is None else str(probe[0]),
         "CORRAL_PROBE_PORT": str(DISCARD_PORT if probe is None else probe[1]),

@@ -1,0 +1,517 @@
+// corral's name gate: part of the resolver (`--dns DIR`, in the holder), for allowlists
+// that name hosts. corral's rules DNAT every TCP connection the sandbox opens to port 443
+// or 80 of an address only a hostname entry admits (see network/gate.py) to this
+// process, on gateTLS or gateHTTP of 127.0.0.54. A connection goes on to its original
+// destination (read with SO_ORIGINAL_DST, from a socket carrying the upstream mark, so
+// still under the policy's address rules) only when the name it asks for is one the
+// policy allows on that port:
+//
+//   - 443: the TLS ClientHello's server_name. No SNI, more than one name, a name outside
+//     [a-z0-9_-] labels, or an encrypted_client_hello extension (the real name hidden
+//     behind the outer one) is refused. After the hello the bytes are opaque: a Host
+//     inside TLS is not seen (domain fronting over TLS is the server's to refuse).
+//   - 80: every HTTP/1.x request on the connection, each parsed strictly (CRLF line ends,
+//     exactly one Host, an absolute-form target's host checked too, Content-Length or
+//     chunked framing followed to the next request), so a second request cannot front a
+//     name the first did not. CONNECT, HTTP/2 prior knowledge and anything unparsable
+//     close the connection. An Upgrade request (a websocket) must be the first on its
+//     connection; the bytes go opaque only when the server answered 101.
+//
+// Every byte the sandbox sends is hostile: reads are bounded, and a refused or failed
+// connection is closed with nothing sent upstream.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+const (
+	gateTLS  = "127.0.0.54:10443"
+	gateHTTP = "127.0.0.54:10080"
+	// a ClientHello, or an HTTP request head, larger than this is refused
+	maxHello  = 64 << 10
+	maxHead   = 32 << 10
+	maxLine   = 8 << 10
+	helloIdle = 10 * time.Second
+	// SO_ORIGINAL_DST (linux/netfilter_ipv4.h)
+	soOriginalDst = 80
+	extServerName = 0
+	extECH        = 0xfe0d
+	// connections through the gate at once, per sandbox (apart from the resolver's slots:
+	// a long download must not starve lookups)
+	maxGateConns = 1024
+)
+
+var gateSlots = make(chan struct{}, maxGateConns)
+
+var errRefused = errors.New("refused")
+
+// allows: whether a hostname entry of the policy admits `name` on `port`.
+func (c *dnsConfig) allows(name string, port int) bool {
+	name, ok := normalName(name)
+	if !ok {
+		return false
+	}
+	for _, e := range c.matches(name) {
+		if e.Port == 0 || e.Port == port {
+			return true
+		}
+	}
+	return false
+}
+
+// originalDst: where the sandbox meant to connect, before corral's DNAT.
+func originalDst(conn net.Conn) (*net.TCPAddr, error) {
+	tcp, ok := conn.(*net.TCPConn)
+	if !ok {
+		return nil, errors.New("not TCP")
+	}
+	raw, err := tcp.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var addr syscall.RawSockaddrInet4
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		size := uint32(unsafe.Sizeof(addr))
+		_, _, errno := syscall.Syscall6(syscall.SYS_GETSOCKOPT, fd, syscall.IPPROTO_IP,
+			soOriginalDst, uintptr(unsafe.Pointer(&addr)), uintptr(unsafe.Pointer(&size)), 0)
+		if errno != 0 {
+			serr = errno
+		}
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		return nil, err
+	}
+	port := int(addr.Port>>8 | addr.Port<<8&0xff00)
+	return &net.TCPAddr{IP: net.IP(addr.Addr[:]).To4(), Port: port}, nil
+}
+
+// upstreamOf: the original destination, dialled with the mark; never loopback (a
+// connection made straight to the gate has itself as its destination).
+func (r *resolver) upstreamOf(conn net.Conn, port int) (net.Conn, error) {
+	dst, err := originalDst(conn)
+	if err != nil {
+		return nil, err
+	}
+	if dst.IP == nil || dst.IP.IsLoopback() || dst.IP.IsUnspecified() || dst.Port != port {
+		return nil, fmt.Errorf("%v is not a destination the gate serves", dst)
+	}
+	return markedDialer(r.config().Mark).Dial("tcp", dst.String())
+}
+
+// readHello: the TLS records that carry the whole ClientHello (as sent) and the hello
+// itself, reassembled across records.
+func readHello(br *bufio.Reader) (raw []byte, hello []byte, err error) {
+	for {
+		header, err := br.Peek(5)
+		if err != nil {
+			return nil, nil, err
+		}
+		if header[0] != 0x16 || header[1] != 3 {
+			return nil, nil, errors.New("not a TLS handshake")
+		}
+		size := int(binary.BigEndian.Uint16(header[3:5]))
+		if size == 0 || len(raw)+5+size > maxHello {
+			return nil, nil, errors.New("bad record size")
+		}
+		record := make([]byte, 5+size)
+		if _, err := io.ReadFull(br, record); err != nil {
+			return nil, nil, err
+		}
+		raw = append(raw, record...)
+		hello = append(hello, record[5:]...)
+		if len(hello) >= 4 {
+			if hello[0] != 1 {
+				return nil, nil, errors.New("not a ClientHello")
+			}
+			want := 4 + (int(hello[1])<<16 | int(hello[2])<<8 | int(hello[3]))
+			if want > maxHello {
+				return nil, nil, errors.New("ClientHello too large")
+			}
+			if len(hello) >= want {
+				return raw, hello[4:want], nil
+			}
+		}
+	}
+}
+
+// helloName: the one host_name of a ClientHello body's server_name extension; an error
+// where there is none, several, or an encrypted_client_hello.
+func helloName(body []byte) (string, error) {
+	rd := reader{b: body}
+	rd.skip(2 + 32)        // legacy_version, random
+	rd.skip(int(rd.u8()))  // legacy_session_id
+	rd.skip(int(rd.u16())) // cipher_suites
+	rd.skip(int(rd.u8()))  // legacy_compression_methods
+	exts := reader{b: rd.take(int(rd.u16()))}
+	if rd.bad || exts.bad {
+		return "", errors.New("malformed ClientHello")
+	}
+	name := ""
+	seen := map[uint16]bool{}
+	for len(exts.b) > 0 && !exts.bad {
+		kind, data := exts.u16(), exts.take(int(exts.u16()))
+		if seen[kind] {
+			return "", errors.New("an extension twice")
+		}
+		seen[kind] = true
+		switch kind {
+		case extECH:
+			return "", errors.New("encrypted_client_hello: the name is hidden")
+		case extServerName:
+			list := reader{b: data}
+			names := reader{b: list.take(int(list.u16()))}
+			for len(names.b) > 0 && !names.bad {
+				kind, host := names.u8(), names.take(int(names.u16()))
+				if kind != 0 {
+					continue
+				}
+				if name != "" {
+					return "", errors.New("more than one host_name")
+				}
+				name = string(host)
+			}
+			if list.bad || names.bad || len(list.b) > 0 {
+				return "", errors.New("malformed server_name")
+			}
+		}
+	}
+	if exts.bad {
+		return "", errors.New("malformed extensions")
+	}
+	if name == "" {
+		return "", errors.New("no server_name")
+	}
+	return name, nil
+}
+
+type reader struct {
+	b   []byte
+	bad bool
+}
+
+func (r *reader) take(n int) []byte {
+	if r.bad || n < 0 || n > len(r.b) {
+		r.bad = true
+		return nil
+	}
+	out := r.b[:n]
+	r.b = r.b[n:]
+	return out
+}
+
+func (r *reader) skip(n int) { r.take(n) }
+
+func (r *reader) u8() uint8 {
+	if b := r.take(1); b != nil {
+		return b[0]
+	}
+	return 0
+}
+
+func (r *reader) u16() uint16 {
+	if b := r.take(2); b != nil {
+		return binary.BigEndian.Uint16(b)
+	}
+	return 0
+}
+
+func (r *resolver) serveTLS(conn net.Conn) error {
+	_ = conn.SetReadDeadline(time.Now().Add(helloIdle))
+	br := bufio.NewReaderSize(conn, 16<<10)
+	raw, hello, err := readHello(br)
+	if err != nil {
+		return err
+	}
+	name, err := helloName(hello)
+	if err != nil {
+		return err
+	}
+	if !r.config().allows(name, 443) {
+		return fmt.Errorf("%w: %q on 443", errRefused, name)
+	}
+	up, err := r.upstreamOf(conn, 443)
+	if err != nil {
+		return err
+	}
+	defer up.Close()
+	_ = conn.SetReadDeadline(time.Time{})
+	if _, err := up.Write(raw); err != nil {
+		return err
+	}
+	splice(conn, br, up, up)
+	return nil
+}
+
+// splice copies both ways until either side ends, then closes both.
+func splice(client net.Conn, fromClient io.Reader, up net.Conn, fromUp io.Reader) {
+	var once sync.Once
+	end := func() { once.Do(func() { client.Close(); up.Close() }) }
+	go func() { _, _ = io.Copy(client, fromUp); end() }()
+	_, _ = io.Copy(up, fromClient)
+	end()
+}
+
+// httpRequest: one request head as sent, with what the gate decides by.
+type httpRequest struct {
+	head    []byte
+	hosts   []string
+	length  int64 // -1: none
+	chunked bool
+	upgrade bool
+}
+
+// readLine: one line ending in CRLF (a bare LF is refused: smuggling lives there).
+func readLine(br *bufio.Reader, limit int) ([]byte, error) {
+	line, err := br.ReadSlice('\n')
+	if errors.Is(err, bufio.ErrBufferFull) || len(line) > limit {
+		return nil, errors.New("line too long")
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(line) < 2 || line[len(line)-2] != '\r' {
+		return nil, errors.New("a line not ending in CRLF")
+	}
+	return append([]byte(nil), line...), nil
+}
+
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func readRequest(br *bufio.Reader) (*httpRequest, error) {
+	req := &httpRequest{length: -1}
+	line, err := readLine(br, maxLine)
+	if err != nil {
+		return nil, err
+	}
+	req.head = append(req.head, line...)
+	parts := strings.Split(string(line[:len(line)-2]), " ")
+	if len(parts) != 3 || !isToken(parts[0]) || parts[1] == "" ||
+		(parts[2] != "HTTP/1.1" && parts[2] != "HTTP/1.0") {
+		return nil, errors.New("not an HTTP/1.x request line")
+	}
+	if parts[0] == "CONNECT" {
+		return nil, errors.New("CONNECT")
+	}
+	if target := parts[1]; !strings.HasPrefix(target, "/") && target != "*" {
+		lower := strings.ToLower(target)
+		if !strings.HasPrefix(lower, "http://") {
+			return nil, errors.New("a request target neither origin- nor http absolute-form")
+		}
+		authority := target[len("http://"):]
+		if i := strings.IndexAny(authority, "/?#"); i >= 0 {
+			authority = authority[:i]
+		}
+		req.hosts = append(req.hosts, authority)
+	}
+	hostHeaders, lengths := 0, []string{}
+	for {
+		line, err := readLine(br, maxLine)
+		if err != nil {
+			return nil, err
+		}
+		req.head = append(req.head, line...)
+		if len(req.head) > maxHead {
+			return nil, errors.New("request head too large")
+		}
+		if len(line) == 2 {
+			break
+		}
+		text := string(line[:len(line)-2])
+		colon := strings.IndexByte(text, ':')
+		if colon <= 0 || !isToken(text[:colon]) {
+			return nil, errors.New("a malformed header line")
+		}
+		name, value := strings.ToLower(text[:colon]), strings.Trim(text[colon+1:], " \t")
+		switch name {
+		case "host":
+			hostHeaders++
+			req.hosts = append(req.hosts, value)
+		case "content-length":
+			lengths = append(lengths, value)
+		case "transfer-encoding":
+			if !strings.EqualFold(value, "chunked") || req.chunked {
+				return nil, fmt.Errorf("transfer-encoding %q", value)
+			}
+			req.chunked = true
+		case "upgrade":
+			req.upgrade = true
+		}
+	}
+	if hostHeaders != 1 {
+		return nil, fmt.Errorf("%d Host headers", hostHeaders)
+	}
+	if req.chunked && len(lengths) > 0 {
+		return nil, errors.New("both chunked and Content-Length")
+	}
+	for _, value := range lengths {
+		n, err := strconv.ParseInt(value, 10, 64)
+		if err != nil || n < 0 || value[0] == '+' || (req.length >= 0 && n != req.length) {
+			return nil, fmt.Errorf("content-length %q", value)
+		}
+		req.length = n
+	}
+	return req, nil
+}
+
+// hostName: the name of a Host value or authority (no userinfo, an optional port).
+func hostName(authority string) (string, bool) {
+	if strings.ContainsAny(authority, "@[] \t") {
+		return "", false
+	}
+	host := authority
+	if i := strings.LastIndexByte(authority, ':'); i >= 0 {
+		if _, err := strconv.ParseUint(authority[i+1:], 10, 16); err != nil {
+			return "", false
+		}
+		host = authority[:i]
+	}
+	return host, host != ""
+}
+
+// copyBody: the request's body, as framed, from client to upstream.
+func copyBody(br *bufio.Reader, up io.Writer, req *httpRequest) error {
+	if req.length > 0 {
+		_, err := io.CopyN(up, br, req.length)
+		return err
+	}
+	if !req.chunked {
+		return nil
+	}
+	for {
+		line, err := readLine(br, maxLine)
+		if err != nil {
+			return err
+		}
+		if _, err := up.Write(line); err != nil {
+			return err
+		}
+		digits := string(line[:len(line)-2])
+		if i := strings.IndexByte(digits, ';'); i >= 0 {
+			digits = digits[:i]
+		}
+		size, err := strconv.ParseUint(digits, 16, 62)
+		if err != nil || digits == "" {
+			return fmt.Errorf("chunk size %q", digits)
+		}
+		if size == 0 {
+			for { // trailers, up to the empty line
+				line, err := readLine(br, maxLine)
+				if err != nil {
+					return err
+				}
+				if _, err := up.Write(line); err != nil {
+					return err
+				}
+				if len(line) == 2 {
+					return nil
+				}
+			}
+		}
+		if _, err := io.CopyN(up, br, int64(size)); err != nil {
+			return err
+		}
+		end, err := readLine(br, 2)
+		if err != nil || len(end) != 2 {
+			return errors.New("a chunk not followed by CRLF")
+		}
+		if _, err := up.Write(end); err != nil {
+			return err
+		}
+	}
+}
+
+func (r *resolver) serveHTTP(conn net.Conn) error {
+	_ = conn.SetReadDeadline(time.Now().Add(helloIdle))
+	br := bufio.NewReaderSize(conn, maxLine+16)
+	var up net.Conn
+	var fromUp *bufio.Reader
+	defer func() {
+		if up != nil {
+			up.Close()
+		}
+	}()
+	upgraded := make(chan bool, 1)
+	for first := true; ; first = false {
+		req, err := readRequest(br)
+		if err != nil {
+			if !first && errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		for _, authority := range req.hosts {
+			host, ok := hostName(authority)
+			if !ok || !r.config().allows(host, 80) {
+				return fmt.Errorf("%w: %q on 80", errRefused, authority)
+			}
+		}
+		if req.upgrade && !first {
+			return errors.New("an Upgrade request after the first on its connection")
+		}
+		if up == nil {
+			if up, err = r.upstreamOf(conn, 80); err != nil {
+				return err
+			}
+			fromUp = bufio.NewReader(up)
+			expect := req.upgrade
+			go func() {
+				if expect {
+					status, err := fromUp.Peek(12)
+					ok := err == nil && bytes.HasPrefix(status, []byte("HTTP/1.")) &&
+						string(status[9:12]) == "101"
+					upgraded <- ok
+					if !ok {
+						conn.Close()
+						up.Close()
+						return
+					}
+				}
+				_, _ = io.Copy(conn, fromUp)
+				conn.Close()
+				up.Close()
+			}()
+		}
+		_ = conn.SetReadDeadline(time.Time{})
+		if _, err := up.Write(req.head); err != nil {
+			return err
+		}
+		if err := copyBody(br, up, req); err != nil {
+			return err
+		}
+		if req.upgrade {
+			if !<-upgraded {
+				return errors.New("the server did not upgrade")
+			}
+			_, _ = io.Copy(up, br)
+			return nil
+		}
+	}
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"encoding/binary"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+// clientHello: the records crypto/tls sends first for `name` ("" sends no SNI).
+func clientHello(t *testing.T, name string) []byte {
+	t.Helper()
+	client, server := net.Pipe()
+	go func() {
+		conf := &tls.Config{ServerName: name, InsecureSkipVerify: true}
+		_ = tls.Client(client, conf).Handshake()
+	}()
+	_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(server)
+	raw, _, err := readHello(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server.Close()
+	client.Close()
+	return raw
+}
+
+// hello: a ClientHello body with these extensions (type, data), in one record.
+func hello(exts ...[]byte) []byte {
+	body := append(make([]byte, 34), 0)         // version, random, no session id
+	body = append(body, 0, 2, 0x13, 0x01, 1, 0) // one suite, null compression
+	all := bytes.Join(exts, nil)
+	body = binary.BigEndian.AppendUint16(body, uint16(len(all)))
+	body = append(body, all...)
+	msg := append([]byte{1, 0, byte(len(body) >> 8), byte(len(body))}, body...)
+	return append([]byte{0x16, 3, 1, byte(len(msg) >> 8), byte(len(msg))}, msg...)
+}
+
+func ext(kind uint16, data []byte) []byte {
+	out := binary.BigEndian.AppendUint16(nil, kind)
+	out = binary.BigEndian.AppendUint16(out, uint16(len(data)))
+	return append(out, data...)
+}
+
+func sni(names ...string) []byte {
+	var list []byte
+	for _, n := range names {
+		list = append(list, 0)
+		list = binary.BigEndian.AppendUint16(list, uint16(len(n)))
+		list = append(list, n...)
+	}
+	return ext(extServerName, append(binary.BigEndian.AppendUint16(nil, uint16(len(list))), list...))
+}
+
+func nameOf(records []byte) (string, error) {
+	_, body, err := readHello(bufio.NewReader(bytes.NewReader(records)))
+	if err != nil {
+		return "", err
+	}
+	return helloName(body)
+}
+
+func TestHelloNameOfARealClientHello(t *testing.T) {
+	name, err := nameOf(clientHello(t, "a.allowed.test"))
+	if err != nil || name != "a.allowed.test" {
+		t.Fatalf("got %q, %v", name, err)
+	}
+	if name, err := nameOf(clientHello(t, "")); err == nil {
+		t.Fatalf("a hello without SNI gave %q", name)
+	}
+}
+
+func TestHelloSplitAcrossRecordsIsReassembled(t *testing.T) {
+	records := hello(sni("a.allowed.test"))
+	msg := records[5:]
+	split := append([]byte{0x16, 3, 1, 0, 10}, msg[:10]...)
+	rest := msg[10:]
+	split = append(split, 0x16, 3, 1, byte(len(rest)>>8), byte(len(rest)))
+	split = append(split, rest...)
+	raw, body, err := readHello(bufio.NewReader(bytes.NewReader(split)))
+	if err != nil || !bytes.Equal(raw, split) {
+		t.Fatalf("raw %d bytes of %d, %v", len(raw), len(split), err)
+	}
+	if name, err := helloName(body); name != "a.allowed.test" || err != nil {
+		t.Fatalf("got %q, %v", name, err)
+	}
+}
+
+func TestHellosThatHideOrDoubleTheNameAreRefused(t *testing.T) {
+	cases := map[string][]byte{
+		"ech":           hello(sni("a.allowed.test"), ext(extECH, []byte{0, 1, 2})),
+		"two names":     hello(sni("a.allowed.test", "x.other.test")),
+		"sni twice":     hello(sni("a.allowed.test"), sni("x.other.test")),
+		"no sni":        hello(ext(10, []byte{0, 2, 0, 29})),
+		"truncated ext": hello(ext(extServerName, []byte{0, 9, 0}), nil),
+	}
+	for label, records := range cases {
+		if name, err := nameOf(records); err == nil {
+			t.Errorf("%s: accepted as %q", label, name)
+		}
+	}
+	if _, err := nameOf([]byte("GET / HTTP/1.1\r\n\r\n")); err == nil {
+		t.Error("plain HTTP on 443 passed for TLS")
+	}
+}
+
+func TestTheGateAllowsNamesByPort(t *testing.T) {
+	cfg := &dnsConfig{Entries: []dnsEntry{
+		{Name: "allowed.test", Wildcard: true, Port: 0},
+		{Name: "web.test", Port: 80},
+	}}
+	for _, c := range []struct {
+		name string
+		port int
+		want bool
+	}{
+		{"a.allowed.test", 443, true},
+		{"A.Allowed.Test.", 80, true},
+		{"allowed.test", 443, false},
+		{"web.test", 80, true},
+		{"web.test", 443, false},
+		{"a.allowed.test.evil", 443, false},
+		{"a.allowed.test\x00", 443, false},
+	} {
+		if got := cfg.allows(c.name, c.port); got != c.want {
+			t.Errorf("allows(%q, %d) = %v", c.name, c.port, got)
+		}
+	}
+}
+
+func parseRequest(text string) (*httpRequest, error) {
+	return readRequest(bufio.NewReader(strings.NewReader(text)))
+}
+
+func TestRequestsAreParsedStrictly(t *testing.T) {
+	req, err := parseRequest("GET http://a.allowed.test/x HTTP/1.1\r\nHost: b.allowed.test:80\r\n" +
+		"Content-Length: 3\r\n\r\nabc")
+	if err != nil || len(req.hosts) != 2 || req.hosts[0] != "a.allowed.test" ||
+		req.hosts[1] != "b.allowed.test:80" || req.length != 3 {
+		t.Fatalf("%+v %v", req, err)
+	}
+	for label, text := range map[string]string{
+		"two hosts":    "GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n",
+		"no host":      "GET / HTTP/1.1\r\n\r\n",
+		"bare LF":      "GET / HTTP/1.1\nHost: a.test\n\n",
+		"folded":       "GET / HTTP/1.1\r\nHost: a.test\r\n x: y\r\n\r\n",
+		"te and cl":    "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n",
+		"odd te":       "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+		"two lengths":  "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+		"connect":      "CONNECT a.test:443 HTTP/1.1\r\nHost: a.test\r\n\r\n",
+		"h2":           "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+		"space header": "GET / HTTP/1.1\r\nHost : a.test\r\n\r\n",
+		"https target": "GET https://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n",
+	} {
+		if req, err := parseRequest(text); err == nil {
+			t.Errorf("%s: accepted %+v", label, req)
+		}
+	}
+}
+
+func TestAChunkedBodyIsFollowedToTheNextRequest(t *testing.T) {
+	text := "POST / HTTP/1.1\r\nHost: a.allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		"3;x=y\r\nabc\r\n0\r\nTrailer: 1\r\n\r\n" +
+		"GET / HTTP/1.1\r\nHost: x.other.test\r\n\r\n"
+	br := bufio.NewReader(strings.NewReader(text))
+	req, err := readRequest(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent bytes.Buffer
+	if err := copyBody(br, &sent, req); err != nil {
+		t.Fatal(err)
+	}
+	if sent.String() != "3;x=y\r\nabc\r\n0\r\nTrailer: 1\r\n\r\n" {
+		t.Fatalf("body sent: %q", sent.String())
+	}
+	next, err := readRequest(br)
+	if err != nil || len(next.hosts) != 1 || next.hosts[0] != "x.other.test" {
+		t.Fatalf("the second request's host is not seen: %+v %v", next, err)
+	}
+	if _, ok := hostName("user@a.test"); ok {
+		t.Error("userinfo accepted in a Host")
+	}
+	if h, ok := hostName("a.test:8080"); !ok || h != "a.test" {
+		t.Errorf("hostName = %q", h)
+	}
+}

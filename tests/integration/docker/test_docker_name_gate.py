@@ -1,0 +1,212 @@
+"""Exact by name for TLS and HTTP on a real engine (`corral.network.gate`).
+
+One allowed address serves two names: `a.allowed.test`, which the policy allows, and
+`fronted.other.test`, which it does not (a CDN's neighbour). Local test servers on that
+address, with a throwaway CA, record every SNI and Host they are asked for: the allowed
+name connects (its certificate verified end to end: the gate reads, never terminates),
+the other, no SNI, and a second keep-alive request fronting the other name never reach a
+server; UDP to the same address stays address-level.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral import EnvironmentSession, ExecutionPlan, NetworkSchedule
+from corral.providers.docker import DockerEnvironment
+from tests.integration.conftest import ALLOWED_IP, UDP_PORT
+from tests.integration.docker.conftest import TEST_IMAGE, make_env
+
+pytestmark = pytest.mark.anyio
+
+ALLOWED = "a.allowed.test"
+FRONTED = "fronted.other.test"
+NAMES = (ALLOWED, "b.allowed.test", FRONTED)
+CA_IN_SANDBOX = "/tmp/corral-test-ca.pem"
+
+# Run in the sandbox by its own python: one TLS or HTTP exchange, printed as
+# "ok <response>" or "refused <why>".
+CLIENT = r"""
+import socket, ssl, sys
+mode, address = sys.argv[1], sys.argv[2]
+try:
+    sock = socket.create_connection((address, 443 if mode == "tls" else 80), timeout=5)
+    if mode == "tls":
+        name, ca = sys.argv[3], sys.argv[4]
+        if name:
+            ctx = ssl.create_default_context(cafile=ca)
+        else:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        sock = ctx.wrap_socket(sock, server_hostname=name or None)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % name.encode())
+        print("ok", sock.recv(4096).decode().split("\r\n\r\n")[-1])
+    else:
+        for host in sys.argv[3:]:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % host.encode())
+            data = sock.recv(4096)
+            if not data:
+                raise ConnectionError("closed")
+            print("ok", data.decode().split("\r\n\r\n")[-1])
+except (OSError, ssl.SSLError) as exc:
+    print("refused", type(exc).__name__)
+"""
+
+UDP_CLIENT = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+s.sendto(b"ping", (sys.argv[1], int(sys.argv[2])))
+print(s.recv(100).decode())
+"""
+
+
+class Servers:
+    """A TLS server on 443 and an HTTP/1.1 keep-alive server on 80 of ALLOWED_IP, each
+    answering with the name it was asked for and recording it."""
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        self.seen: list[str] = []
+        self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._tls.load_cert_chain(cert, key)
+        self._tls.sni_callback = self._sni
+        self._sockets = [
+            socket.create_server((ALLOWED_IP, 443)),
+            socket.create_server((ALLOWED_IP, 80)),
+        ]
+        for sock, handle in zip(self._sockets, (self._serve_tls, self._serve_http), strict=True):
+            threading.Thread(target=self._accept, args=(sock, handle), daemon=True).start()
+
+    def _sni(self, _sock: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+        self.seen.append(f"sni:{name}")
+
+    def _accept(self, server: socket.socket, handle: object) -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()  # type: ignore[arg-type]
+
+    def _serve_tls(self, conn: socket.socket) -> None:
+        try:
+            with self._tls.wrap_socket(conn, server_side=True) as tls:
+                tls.settimeout(5)
+                self._answer(tls)
+        except (OSError, ssl.SSLError):
+            pass
+
+    def _serve_http(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5)
+            try:
+                while self._answer(conn):
+                    pass
+            except OSError:
+                pass
+
+    def _answer(self, conn: socket.socket) -> bool:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return False
+            head += chunk
+        host = next(
+            (
+                line.split(b":", 1)[1].strip().decode()
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"host:")
+            ),
+            "",
+        )
+        self.seen.append(f"host:{host}")
+        body = f"served {host}".encode()
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        return True
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close()
+
+
+@pytest.fixture(scope="module")
+def ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A throwaway CA and one certificate for every name in NAMES."""
+    d = tmp_path_factory.mktemp("gate-ca")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+            "-subj", "/CN=corral test CA")  # fmt: skip
+    openssl("req", *ec, "-keyout", "srv.key", "-out", "srv.csr", "-subj", f"/CN={ALLOWED}")
+    (d / "ext").write_text("subjectAltName=" + ",".join(f"DNS:{n}" for n in NAMES))
+    openssl("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "srv.pem", "-days", "1", "-extfile", "ext")  # fmt: skip
+    return d / "ca.pem", d / "srv.pem", d / "srv.key"
+
+
+@pytest.fixture(scope="module")
+def servers(ca: tuple[Path, Path, Path], compose_targets: None, upstream: str) -> Iterator[Servers]:
+    running = Servers(ca[1], ca[2])
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def gate_env(owner: str, upstream: str) -> DockerEnvironment:
+    return make_env(owner, upstream_dns_servers=[upstream])
+
+
+async def client(sandbox: EnvironmentSession, *args: str) -> str:
+    result = await sandbox.exec(["python3", "-c", CLIENT, *args], timeout=30)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@pytest.mark.parametrize("policy", [f"allowlist:{ALLOWED}", "allowlist:*.allowed.test"])
+async def test_an_allowed_address_admits_only_the_allowed_name_over_tls_and_http(
+    gate_env: DockerEnvironment,
+    servers: Servers,
+    ca: tuple[Path, Path, Path],
+    policy: str,
+) -> None:
+    plan = ExecutionPlan(image=TEST_IMAGE, network=NetworkSchedule(baseline=policy))
+    async with gate_env.session(plan) as sandbox:
+        await sandbox.write_text(CA_IN_SANDBOX, ca[0].read_text())
+        # Under a wildcard the address is admitted once corral's resolver answered for it.
+        found = await sandbox.exec(["getent", "ahostsv4", ALLOWED])
+        assert found.stdout.split()[0] == ALLOWED_IP, found
+        servers.seen.clear()
+
+        assert await client(sandbox, "tls", ALLOWED_IP, ALLOWED, CA_IN_SANDBOX) == (
+            f"ok served {ALLOWED}"
+        )
+        fronted = await client(sandbox, "tls", ALLOWED_IP, FRONTED, CA_IN_SANDBOX)
+        assert fronted.startswith("refused"), fronted
+        assert (await client(sandbox, "tls", ALLOWED_IP, "", CA_IN_SANDBOX)).startswith(
+            "refused"
+        ), "TLS without SNI"
+
+        assert await client(sandbox, "http", ALLOWED_IP, ALLOWED) == f"ok served {ALLOWED}"
+        assert (await client(sandbox, "http", ALLOWED_IP, FRONTED)).startswith("refused")
+        # Keep-alive: the first request is allowed, the second fronts the other name.
+        fronting = await client(sandbox, "http", ALLOWED_IP, ALLOWED, FRONTED)
+        first, second = fronting.splitlines()
+        assert first == f"ok served {ALLOWED}" and second.startswith("refused"), fronting
+
+        # What the servers were asked for: the allowed name only, never the other, and no
+        # hello without a name.
+        assert set(servers.seen) == {f"sni:{ALLOWED}", f"host:{ALLOWED}"}, servers.seen
+
+        # UDP to the same address is address-level: the echo target answers.
+        echo = await sandbox.exec(["python3", "-c", UDP_CLIENT, ALLOWED_IP, str(UDP_PORT)])
+        assert echo.stdout.strip() == "echo:ping", echo
