@@ -14,8 +14,8 @@
 //     exactly one Host, an absolute-form target's host checked too, Content-Length or
 //     chunked framing followed to the next request), so a second request cannot front a
 //     name the first did not. CONNECT, HTTP/2 prior knowledge and anything unparsable
-//     close the connection. An Upgrade request (a websocket) must be the first on its
-//     connection; the bytes go opaque only when the server answered 101.
+//     close the connection. An Upgrade request (a websocket; never h2c) must be the first
+//     on its connection; the bytes go opaque only when the server answered 101.
 //
 // Every byte the sandbox sends is hostile: reads are bounded, and a refused or failed
 // connection is closed with nothing sent upstream.
@@ -362,6 +362,10 @@ func readRequest(br *bufio.Reader) (*httpRequest, error) {
 			}
 			req.chunked = true
 		case "upgrade":
+			// h2c would carry later requests (and their :authority) out of sight
+			if strings.Contains(strings.ToLower(value), "h2c") {
+				return nil, errors.New("an upgrade to h2c")
+			}
 			req.upgrade = true
 		}
 	}

@@ -156,6 +156,7 @@ func TestRequestsAreParsedStrictly(t *testing.T) {
 		"h2":           "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
 		"space header": "GET / HTTP/1.1\r\nHost : a.test\r\n\r\n",
 		"https target": "GET https://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n",
+		"h2c upgrade":  "GET / HTTP/1.1\r\nHost: a.test\r\nUpgrade: h2c\r\n\r\n",
 	} {
 		if req, err := parseRequest(text); err == nil {
 			t.Errorf("%s: accepted %+v", label, req)
