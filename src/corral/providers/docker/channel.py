@@ -38,7 +38,7 @@ from corral.helper.link import (
     greeted,
 )
 from corral.providers.docker import programs
-from corral.providers.docker.engine import Engine, call
+from corral.providers.docker.engine import Engine, Hijacked, call
 from corral.providers.docker.execution import kill_tree
 from corral.providers.docker.executor import PlainExecutor
 
@@ -76,11 +76,9 @@ class SocketTransport:
     """The hijacked exec socket (`exec_start(socket=True)`)."""
 
     def __init__(self, raw: Any) -> None:
-        self.raw = raw
-        self.sock: socket.socket = getattr(raw, "_sock", raw)
-        response = getattr(raw, "_response", None)
-        # http.client's buffered reader: it may hold bytes read along with the headers.
-        self._reader: Any = response.raw._fp.fp if response is not None else None
+        self._hijacked = Hijacked(raw)
+        self.sock: socket.socket = self._hijacked.sock
+        self._reader: Any = self._hijacked.reader
         self._write_lock = threading.Lock()
         self._stream = EngineStream()
 
@@ -105,7 +103,7 @@ class SocketTransport:
             self.sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
-        self.sock.close()
+        self._hijacked.close()
 
     def diagnostics(self) -> str:
         return self._stream.diagnostics.decode(errors="replace").strip()

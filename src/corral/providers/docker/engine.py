@@ -3,7 +3,9 @@ the failure is transient and the call idempotent."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -48,6 +50,27 @@ def connect(config: DockerConfig) -> Engine:
         where = config.base_url or os.environ.get("DOCKER_HOST") or "the local socket"
         raise ProviderError(f"cannot reach the Docker Engine at {where}: {exc}") from None
     return client
+
+
+class Hijacked:
+    """An exec's stream after the engine's HTTP upgrade (`exec_start(socket=True)`): the
+    one place corral reaches into docker-py's objects for it."""
+
+    def __init__(self, raw: Any) -> None:
+        self.sock: socket.socket = getattr(raw, "_sock", raw)
+        response = getattr(raw, "_response", None)
+        #: http.client's buffered reader over the socket: it may hold bytes read along with
+        #: the upgrade's headers (None: read the socket)
+        self.reader: Any = response.raw._fp.fp if response is not None else None
+
+    def close(self) -> None:
+        """Close the socket and the reader on it: the descriptor is freed now (the
+        reader's reference alone kept it open until the response was collected)."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        if self.reader is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.reader.close()
 
 
 def transient(exc: BaseException) -> bool:

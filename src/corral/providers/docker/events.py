@@ -30,7 +30,7 @@ from corral.core.logs import event
 from corral.errors import ProviderError
 from corral.helper import helper_archive, helper_binary
 from corral.network.events import NFLOG_GROUP, EventLog
-from corral.providers.docker.engine import Engine, call
+from corral.providers.docker.engine import Engine, Hijacked, call
 
 log = logging.getLogger("corral.docker.events")
 
@@ -68,9 +68,9 @@ class EventReader:
     """One reader in one holder, feeding `log`. Made by `start_reader`."""
 
     def __init__(self, raw: Any, events: EventLog, session_id: str) -> None:
-        self.sock: socket.socket = getattr(raw, "_sock", raw)
-        response = getattr(raw, "_response", None)
-        self._buffered: Any = response.raw._fp.fp if response is not None else None
+        self._hijacked = Hijacked(raw)
+        self.sock: socket.socket = self._hijacked.sock
+        self._buffered: Any = self._hijacked.reader
         self.events = events
         self.session_id = session_id
         self.closed = False
@@ -110,8 +110,7 @@ class EventReader:
         except (OSError, ValueError) as exc:
             reason = f"the reader's stream failed: {exc}"
         finally:
-            with contextlib.suppress(OSError):
-                self.sock.close()
+            self._hijacked.close()
         if not self.closed:
             said = self._diagnostics.decode(errors="replace").strip()
             self.events.error = f"{reason}: {said}" if said else reason

@@ -7,7 +7,6 @@ process that carries the marker, so nothing the command started outlives it.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import ssl
 from collections.abc import Mapping
@@ -20,7 +19,7 @@ from corral.core.capture import Capture
 from corral.core.markers import MARKER, kill_tree_argv, new_marker
 from corral.core.session import TIMEOUT_RETURNCODE, ExecResult, OutputCallback, Stream
 from corral.errors import ProviderError
-from corral.providers.docker.engine import Engine, call, idempotent
+from corral.providers.docker.engine import Engine, Hijacked, call, idempotent
 
 _STREAMS: dict[int, Stream] = {1: "stdout", 2: "stderr"}
 
@@ -63,7 +62,8 @@ async def run_exec(
         raise ProviderError(f"sandbox container {container[:12]} is gone: {exc}") from None
     except APIError as exc:
         raise ProviderError(f"exec in {container[:12]} failed: {exc}") from None
-    sock: socket.socket = getattr(raw, "_sock", raw)
+    stream = Hijacked(raw)
+    sock = stream.sock
     timed_out = False
     finished = False
     try:
@@ -73,13 +73,12 @@ async def run_exec(
             async with anyio.create_task_group() as tg:
                 if stdin is not None:
                     tg.start_soon(_send_stdin, sock, stdin)
-                await _read_frames(raw, sock, capture)
+                await _read_frames(stream, capture)
         timed_out = scope.cancelled_caught
         finished = not timed_out
     finally:
         with anyio.CancelScope(shield=True):
-            with contextlib.suppress(OSError):
-                sock.close()
+            stream.close()
             if not finished:
                 await kill_tree(api, tokens, container, marker, user, shell)
     returncode = TIMEOUT_RETURNCODE if timed_out else await _exit_code(api, tokens, exec_id)
@@ -153,27 +152,23 @@ async def _recv(sock: socket.socket) -> bytes:
             continue
 
 
-async def _read_ahead(raw: Any, sock: socket.socket) -> bytes:
+async def _read_ahead(stream: Hijacked) -> bytes:
     """The bytes the HTTP reader took off the socket together with the response headers.
 
     An exec the engine refuses before it starts (an unknown user) has its message written
     right behind the headers; it can sit in http.client's buffer rather than the socket.
     """
-    response = getattr(raw, "_response", None)
-    if response is None:
+    reader = stream.reader
+    if reader is None:
         return b""
-    reader: Any = response.raw._fp.fp
-    if isinstance(sock, ssl.SSLSocket):
+    if isinstance(stream.sock, ssl.SSLSocket):
         return await anyio.to_thread.run_sync(reader.read1, 65536, abandon_on_cancel=True)
     return reader.read1(65536)  # the socket is non-blocking: buffered bytes, or what is there
 
 
-async def _read_frames(
-    raw: Any,
-    sock: socket.socket,
-    capture: Capture,
-) -> None:
-    buffer = bytearray(await _read_ahead(raw, sock))
+async def _read_frames(hijacked: Hijacked, capture: Capture) -> None:
+    sock = hijacked.sock
+    buffer = bytearray(await _read_ahead(hijacked))
     while True:
         while len(buffer) >= 8:
             size = int.from_bytes(buffer[4:8], "big")
