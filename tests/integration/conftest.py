@@ -12,14 +12,16 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 import pytest
 
-from corral import EnvironmentSession
+from corral import BaseEnvironment, EnvironmentSession
 from corral.testing.plugin import EgressTarget
 
 # Unique per test process, so that concurrent runs on one host never share a target.
@@ -124,3 +126,28 @@ async def wait_for(condition: Callable[[], bool], until: float) -> float:
             raise AssertionError(f"still not so {time.time() - until:.1f} s past the deadline")
         await anyio.sleep(0.25)
     return time.time()
+
+
+#: environments made by the provider conftests' `make_env`, released after each test
+MADE: list[BaseEnvironment] = []
+
+
+E = TypeVar("E", bound=BaseEnvironment)
+
+
+def made(env: E) -> E:
+    MADE.append(env)
+    return env
+
+
+@pytest.fixture(autouse=True)
+def release_environments() -> Iterator[None]:
+    """Each environment a test made gives back its engine or API client after the test:
+    otherwise the suite holds every test's connections until a full garbage collection
+    (the test process passed 1024 descriptors)."""
+    yield
+    while MADE:
+        # On a thread of its own: the test's event loop may still run in this one.
+        closing = threading.Thread(target=anyio.run, args=(MADE.pop().aclose,))
+        closing.start()
+        closing.join()

@@ -1,5 +1,6 @@
 """Which corral provider an adapter opens its sandboxes with: the part every adapter's
-config starts from (the provider's id, its own config, the owner label by default)."""
+config starts from (the provider's id, its own config, the owner label by default), and
+how a sandbox opened with a provider of its own is closed."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.core.environment import ENVIRONMENTS, BaseEnvironment
+from corral.core.session import EnvironmentSession
 
 
 class ProviderChoice(BaseModel):
@@ -32,3 +34,15 @@ class ProviderChoice(BaseModel):
     def environment(self) -> BaseEnvironment:
         """The provider, built from these fields (its config validated)."""
         return ENVIRONMENTS.create(self.provider, **self.provider_params())
+
+
+async def close_alone(session: EnvironmentSession) -> None:
+    """Close `session` and then the environment made for it alone (its engine or API
+    client): an adapter that builds a provider per sandbox leaves no connection behind."""
+    environment = session.environment
+    if environment is None:
+        return
+    try:
+        await environment.close(session)
+    finally:
+        await environment.aclose()

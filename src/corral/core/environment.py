@@ -12,7 +12,7 @@ import abc
 import logging
 from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import anyio
 
@@ -305,6 +305,22 @@ class BaseEnvironment(abc.ABC):
             sandbox=session.id,
             duration_s=round(anyio.current_time() - started, 3),
         )
+
+    async def aclose(self) -> None:
+        """Release what this environment holds in the harness's process (the engine's or
+        the API server's client, its connections and threads). Its sessions are not
+        touched (close them first); a later call connects again. `async with env:` does
+        this on exit."""
+        await anyio.to_thread.run_sync(self._release)
+
+    def _release(self) -> None:  # noqa: B027 (a hook: most providers hold no client)
+        """Provider hook (in a worker thread): close the clients this environment made."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     @asynccontextmanager
     async def session(self, plan: ExecutionPlan) -> AsyncGenerator[EnvironmentSession]:

@@ -10,6 +10,8 @@ refused at `open()`.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import ipaddress
 import os
 import re
@@ -35,6 +37,7 @@ from corral.network.policy import NetworkMode, NetworkPolicy, NetworkSchedule
 from corral.testing.plugin import ConnectCommand, EgressTarget, ServeCommand
 
 __all__ = [
+    "test_conformance_aclose_gives_back_the_client_and_the_environment_still_works",
     "test_conformance_close_is_idempotent",
     "test_conformance_dir_round_trip_exact_root",
     "test_conformance_download_dir_refuses_escaping_links",
@@ -547,3 +550,33 @@ async def test_conformance_close_is_idempotent(
     await corral_environment.close(sandbox)
     await corral_environment.close(sandbox)
     assert sandbox.closed
+
+
+def _open_sockets() -> int:
+    """This process's sockets (an engine's or API server's connections among them)."""
+    count = 0
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone
+            count += str(fd.readlink()).startswith("socket:")
+    return count
+
+
+@anyio_mark
+async def test_conformance_aclose_gives_back_the_client_and_the_environment_still_works(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan
+) -> None:
+    """`env.aclose()` leaves no connection of the environment's open (what remains after a
+    collection is the client's garbage, not the environment's pool); the environment
+    still works after it, connecting again."""
+    await corral_environment.aclose()
+    gc.collect()
+    before = _open_sockets()
+    async with corral_environment.session(corral_plan) as sandbox:
+        assert (await sandbox.exec(["echo", "hi"])).stdout == "hi\n"
+    await corral_environment.aclose()
+    gc.collect()
+    assert _open_sockets() <= before
+    async with corral_environment, corral_environment.session(corral_plan) as sandbox:
+        assert (await sandbox.exec(["echo", "again"])).stdout == "again\n"
+    gc.collect()
+    assert _open_sockets() <= before

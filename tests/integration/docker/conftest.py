@@ -15,7 +15,7 @@ from corral.providers.docker import DockerConfig, DockerEnvironment
 from corral.testing.plugin import EgressTarget
 from tests.integration.conftest import ALLOWED_IP as ALLOWED_IP
 from tests.integration.conftest import DENIED_IP as DENIED_IP
-from tests.integration.conftest import HOSTS, unavailable
+from tests.integration.conftest import HOSTS, made, unavailable
 from tests.integration.k8s.dns_server import serving
 
 #: What the tests' upstream DNS server (`upstream`) answers; nothing else knows these names.
@@ -103,7 +103,7 @@ def env_config(owner: str, **overrides: Any) -> dict[str, Any]:
 
 
 def make_env(owner: str, **overrides: Any) -> DockerEnvironment:
-    return DockerEnvironment(DockerConfig.model_validate(env_config(owner, **overrides)))
+    return made(DockerEnvironment(DockerConfig.model_validate(env_config(owner, **overrides))))
 
 
 @pytest.fixture

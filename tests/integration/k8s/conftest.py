@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from corral.providers.k8s import KubernetesConfig, KubernetesEnvironment
 from corral.providers.k8s.api import connect, status_of
-from tests.integration.conftest import unavailable
+from tests.integration.conftest import made, unavailable
 
 DEFAULT_KUBECONFIG = "/var/lib/corral-cluster/admin.kubeconfig"
 TEST_IMAGE = os.environ.get("CORRAL_K8S_TEST_IMAGE", "corral.local/test:bookworm")
@@ -86,8 +86,8 @@ def env_config(namespace: str, **overrides: Any) -> dict[str, Any]:
 
 
 def make_env(namespace: str, **overrides: Any) -> KubernetesEnvironment:
-    return KubernetesEnvironment(
-        KubernetesConfig.model_validate(env_config(namespace, **overrides))
+    return made(
+        KubernetesEnvironment(KubernetesConfig.model_validate(env_config(namespace, **overrides)))
     )
 
 

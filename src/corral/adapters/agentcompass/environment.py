@@ -19,6 +19,7 @@ from corral.adapters.agentcompass.mapping import (
     corral_schedule,
     exec_fields,
 )
+from corral.adapters.provider import close_alone
 from corral.core.environment import ENVIRONMENTS
 from corral.core.plan import ExecutionPlan, Timeouts
 from corral.core.session import EnvironmentSession
@@ -175,6 +176,6 @@ def define(ac: Contract, provider_id: str) -> type[Any]:
                     f"corral session {session_id} was not opened by this process; "
                     f"`corral gc --env {provider_id}` removes it once it expires"
                 )
-            await inner.environment.close(inner)
+            await close_alone(inner)
 
     return CorralEnvironment

@@ -33,6 +33,7 @@ from minisweagent.utils.serialize import (
 from corral.adapters.commands import merged
 from corral.adapters.minisweagent.bridge import Bridge, CallerLoop, OwnLoop
 from corral.adapters.minisweagent.config import CorralEnvironmentConfig
+from corral.adapters.provider import close_alone
 from corral.core.session import EnvironmentSession
 
 #: mini-swe-agent's own merge of template variables (its environments all use it)
@@ -128,9 +129,8 @@ class CorralEnvironment:
         """Close the sandbox this environment opened (not a caller's); idempotent."""
         session, self.session = self.session, None
         try:
-            if session is not None and self._owned and session.environment is not None:
-                environment = session.environment
-                self._bridge.call(lambda: environment.close(session))
+            if session is not None and self._owned:
+                self._bridge.call(lambda: close_alone(session))
         finally:
             self._bridge.close()
 

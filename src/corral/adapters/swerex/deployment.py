@@ -13,6 +13,7 @@ from swerex.deployment.hooks.abstract import CombinedDeploymentHook, DeploymentH
 from swerex.exceptions import DeploymentNotStartedError
 from swerex.runtime.abstract import IsAliveResponse
 
+from corral.adapters.provider import close_alone
 from corral.adapters.swerex.config import CorralDeploymentConfig
 from corral.adapters.swerex.runtime import CorralRuntime
 
@@ -60,8 +61,7 @@ class CorralDeployment(AbstractDeployment):
         try:
             await runtime.close()
         finally:
-            if session.environment is not None:
-                await session.environment.close(session)
+            await close_alone(session)
 
     @property
     def runtime(self) -> CorralRuntime:

@@ -175,6 +175,11 @@ class DockerEnvironment(BaseEnvironment):
     def default_demo_image(self) -> str | None:
         return "corral.local/test:bookworm"
 
+    def _release(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
     async def client(self) -> Engine:
         if self._client is None:
             client = await anyio.to_thread.run_sync(connect, self.config)

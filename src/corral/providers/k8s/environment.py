@@ -124,6 +124,11 @@ class KubernetesEnvironment(BaseEnvironment):
             self._clients = clients
         return self._clients
 
+    def _release(self) -> None:
+        clients, self._clients = self._clients, None
+        if clients is not None:
+            clients.core.api_client.close()
+
     async def _resolvers(self) -> tuple[IPAddress, ...]:
         """The sandbox's resolvers, chosen here and never read from inside a Pod."""
         if self._dns_servers is None:
