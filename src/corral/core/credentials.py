@@ -86,6 +86,15 @@ def route_env_name(name: str) -> str:
     return f"CORRAL_CRED_{name.upper()}_URL"
 
 
+_ROUTE_ENV = re.compile(r"CORRAL_CRED_[A-Z][A-Z0-9_]{0,31}_URL")
+
+
+def credential_env_of(env: list[str]) -> dict[str, str]:
+    """The route variables among a container config's `NAME=value` entries."""
+    pairs = (entry.partition("=") for entry in env)
+    return {name: value for name, _, value in pairs if _ROUTE_ENV.fullmatch(name)}
+
+
 def check_route_names(routes: dict[str, CredentialRoute]) -> dict[str, CredentialRoute]:
     seen: dict[str, str] = {}
     for name in routes:

@@ -244,9 +244,14 @@ class EnvironmentSession(abc.ABC):
                 "implement _exec(request) instead"
             )
 
-    def __init__(self, *, id: str, policy: NetworkPolicy) -> None:
+    def __init__(
+        self, *, id: str, policy: NetworkPolicy, credential_env: Mapping[str, str] | None = None
+    ) -> None:
         self.id = id
         self.policy = policy
+        #: the variables of the plan's credential routes (`route_env_name`) as corral gave
+        #: them to the sandbox, read from corral's side (never from inside the sandbox)
+        self.credential_env: Mapping[str, str] = dict(credential_env or {})
         #: the phase the policy in force was applied for (`TaskRun` names it), or None
         self.phase: Phase | None = None
         self.environment: BaseEnvironment | None = None

@@ -13,7 +13,12 @@ from inspect_ai import Task, eval  # pyright: ignore[reportUnknownVariableType]
 from inspect_ai.dataset import Sample
 from inspect_ai.scorer import includes
 from inspect_ai.solver import Generate, Solver, TaskState, solver
-from inspect_ai.util import SandboxEnvironmentSpec, SandboxUnavailableError, sandbox
+from inspect_ai.util import (
+    ExecRemoteAwaitableOptions,
+    SandboxEnvironmentSpec,
+    SandboxUnavailableError,
+    sandbox,
+)
 
 from corral import ExecutionPlan, NetworkSchedule, ProviderError
 from corral.adapters.inspect import CorralSandboxConfig, CorralSandboxEnvironment
@@ -125,3 +130,41 @@ async def test_phase_switch_and_connection(engine: Any, owner: str) -> None:
         await CorralSandboxEnvironment.sample_cleanup("phases", config, envs, False)
     with pytest.raises(ConnectionError):
         await env.connection()
+
+
+@pytest.mark.anyio
+async def test_an_agents_key_is_withheld_and_its_base_url_routed(engine: Any, owner: str) -> None:
+    """An agent that runs in the sandbox (exec and exec_remote alike) never gets the key
+    its harness passes; its base URL is the route's, as corral gave it to the sandbox."""
+    route: Any = {"upstream": "https://api.example.com/v1", "headers": {"X-Api-Key": "sk-real-key"}}
+    config = CorralSandboxConfig(
+        provider_config={**DOCKER_NONROOT.provider_config, "owner": owner},
+        plan=ExecutionPlan(image=DOCKER_NONROOT.plan.image, credentials={"model": route}),
+        credential_env={"OPENAI_BASE_URL": "model"},
+        withhold_env=("OPENAI_API_KEY",),
+    )
+    given = {"OPENAI_API_KEY": "sk-real-key", "OPENAI_BASE_URL": "https://elsewhere"}
+    script = 'echo "$OPENAI_API_KEY"; echo "$OPENAI_BASE_URL"; env | grep -c sk-real-key || true'
+    envs = await CorralSandboxEnvironment.sample_init("routed", config, {})
+    try:
+        env = envs["default"].as_type(CorralSandboxEnvironment)
+        seen = await env.exec(["sh", "-c", script], env=given)
+        remote = await env.exec_remote(
+            ["sh", "-c", script], ExecRemoteAwaitableOptions(env=given), stream=False
+        )
+        in_sandbox = await env.exec(["printenv", "CORRAL_CRED_MODEL_URL"])
+    finally:
+        await CorralSandboxEnvironment.sample_cleanup("routed", config, envs, False)
+    for result in (seen, remote):
+        key, url, count = result.stdout.split()
+        assert key == "corral-credential-route" and count == "0", result
+        assert url == in_sandbox.stdout.strip() and url.endswith("/model"), url
+    assert _owned(engine, owner) == []
+
+
+def test_a_routed_variable_must_name_a_route_of_the_plan(owner: str) -> None:
+    with pytest.raises(ValueError, match="'OPENAI_BASE_URL' names route 'model'.*routes: none"):
+        CorralSandboxConfig(
+            plan=ExecutionPlan(image=DOCKER_NONROOT.plan.image),
+            credential_env={"OPENAI_BASE_URL": "model"},
+        )

@@ -123,7 +123,8 @@ def test_config_is_strict_and_owned_by_harbor() -> None:
 
 
 def test_a_routed_variable_is_its_routes_url_and_a_withheld_one_holds_no_key() -> None:
-    from corral.adapters.harbor.config import WITHHELD, HarborEnvironmentConfig
+    from corral.adapters.credential_env import WITHHELD
+    from corral.adapters.harbor.config import HarborEnvironmentConfig
 
     route = {"upstream": "https://api.example.com/v1", "headers": {"Authorization": "k"}}
     options = HarborEnvironmentConfig.model_validate(

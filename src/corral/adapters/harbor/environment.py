@@ -32,7 +32,6 @@ from corral.adapters.harbor.mapping import (
     shell_command,
 )
 from corral.compose import plan_from_compose
-from corral.core.credentials import route_env_name
 from corral.core.environment import ENVIRONMENTS, BaseEnvironment
 from corral.core.plan import ExecutionPlan, Resources, Timeouts
 from corral.core.session import EnvironmentSession, Stream
@@ -184,7 +183,7 @@ def define(hb: Contract) -> type[Any]:
             self._session = await self._provider.open(self._plan)
             log.info("harbor %s is corral session %s", self.session_id, self._session.id)
             try:
-                self._route_urls = await route_urls(self._session, self.options)
+                self._route_urls = self.options.route_urls(self._session)
                 await self._upload_environment_dir_after_start()
                 await self.ensure_dirs(self._mount_targets(writable_only=True))
             except BaseException:
@@ -294,20 +293,6 @@ def define(hb: Contract) -> type[Any]:
             await self._live().download_dir(source_dir, target_dir)
 
     return CorralEnvironment
-
-
-async def route_urls(
-    session: EnvironmentSession, options: HarborEnvironmentConfig
-) -> dict[str, str]:
-    """The URL of each route `credential_env` names, as the sandbox was given it."""
-    urls: dict[str, str] = {}
-    for route in sorted(set(options.credential_env.values())):
-        variable = route_env_name(route)
-        found = await session.exec(["printenv", variable], timeout=30)
-        if not found.ok or not found.stdout.strip():
-            raise ValueError(f"the sandbox has no {variable} for credential route {route!r}")
-        urls[route] = found.stdout.strip()
-    return urls
 
 
 def _sidecar(service: str | None) -> str | None:

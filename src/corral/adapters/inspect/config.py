@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from corral.adapters.credential_env import RoutedEnv
 from corral.adapters.provider import ProviderChoice
 from corral.compose import plan_from_compose
 from corral.core.plan import ExecutionPlan
@@ -17,7 +18,7 @@ from corral.workspace.options import BindingConfig
 DEFAULT_OWNER = "inspect"
 
 
-class CorralSandboxConfig(ProviderChoice):
+class CorralSandboxConfig(ProviderChoice, RoutedEnv):
     """`sandbox=("corral", CorralSandboxConfig(...))`, or a path to this model as JSON."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -32,6 +33,11 @@ class CorralSandboxConfig(ProviderChoice):
         description="workspaces bound to each sample's sandbox at sample_init and finalized at "
         "sample_cleanup (`corral.workspace` options, each with its `kind`: sync, git, none)",
     )
+
+    @model_validator(mode="after")
+    def _routes_named(self) -> CorralSandboxConfig:
+        self.check_routes(self.plan.credentials)
+        return self
 
     def __hash__(self) -> int:
         # Inspect keys its sandbox caches by the config; the dict fields defeat pydantic's hash.

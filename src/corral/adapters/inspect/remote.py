@@ -200,7 +200,7 @@ async def start(
         process = await sandbox.session.start(
             [SHELL, "-c", shlex.join(cmd)],
             cwd=opts.cwd,
-            env=opts.env,
+            env=sandbox.command_env(opts.env),
             user=opts.user,
             service=sandbox.service,
             stdin=stdin_open or data is not None,

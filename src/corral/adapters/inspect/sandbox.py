@@ -37,6 +37,7 @@ from inspect_ai.util import (
 from pydantic import BaseModel
 from typing_extensions import override
 
+from corral.adapters.credential_env import RoutedEnv
 from corral.adapters.inspect.config import DEFAULT_OWNER, CorralSandboxConfig, load_config
 from corral.adapters.inspect.connection import connection
 from corral.adapters.inspect.files import read_file, write_file
@@ -85,12 +86,21 @@ class CorralSandboxEnvironment(SandboxEnvironment):
         session: EnvironmentSession,
         schedule: NetworkSchedule,
         service: str | None = None,
+        routing: RoutedEnv | None = None,
     ) -> None:
         super().__init__()
         self.session = session
         self.schedule = schedule
         #: the plan's service this sandbox is (None: the sandbox itself, `default`)
         self.service = service
+        #: the agent's keys withheld from every command, its base URLs routed (the sandbox
+        #: itself only: services are the task's infrastructure)
+        self.routing = routing or RoutedEnv()
+        self._route_urls = self.routing.route_urls(session)
+
+    def command_env(self, env: dict[str, str] | None) -> dict[str, str] | None:
+        """What a command of this sandbox gets for the harness's `env`."""
+        return self.routing.routed(env, self._route_urls)
 
     async def set_phase(self, phase: Phase) -> None:
         """Apply the plan's policy for `phase` (only where the provider can switch).
@@ -134,8 +144,13 @@ class CorralSandboxEnvironment(SandboxEnvironment):
             await _close(task_name, session)
             raise
         _bound[session.id] = bound
+        try:
+            default = cls(session, cfg.plan.network, routing=cfg)
+        except BaseException:
+            await _close(task_name, session)
+            raise
         services = {name: cls(session, cfg.plan.network, name) for name in session.services}
-        return {"default": cls(session, cfg.plan.network), **services}
+        return {"default": default, **services}
 
     @classmethod
     async def sample_cleanup(
@@ -201,7 +216,13 @@ class CorralSandboxEnvironment(SandboxEnvironment):
     ) -> ExecResult[str]:
         try:
             result = await self.session.exec(
-                cmd, cwd=cwd, env=env, user=user, timeout=timeout, stdin=input, service=self.service
+                cmd,
+                cwd=cwd,
+                env=self.command_env(env),
+                user=user,
+                timeout=timeout,
+                stdin=input,
+                service=self.service,
             )
         except ExecUserUnsupported as exc:
             raise SandboxUserUnsupportedError(str(exc)) from exc

@@ -38,6 +38,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from corral.core.blocking import limiter
+from corral.core.credentials import credential_env_of
 from corral.core.credproxy import CredentialProxy
 from corral.core.environment import BaseEnvironment
 from corral.core.labels import (
@@ -696,6 +697,8 @@ class DockerEnvironment(BaseEnvironment):
             labels=labels,
             workdir=sandbox["Config"].get("WorkingDir") or "/",
             runtime=sandbox["HostConfig"].get("Runtime") or "runc",
+            # As the engine holds the container's config: corral wrote it, the sandbox can't.
+            credential_env=credential_env_of(sandbox["Config"].get("Env") or []),
             verified_runtimes=self._verified_runtimes,
             exec_channel=cfg.exec_channel,
             snapshot_lifetime_s=cfg.snapshot_lifetime_s,

@@ -7,7 +7,7 @@ import ipaddress
 import logging
 import posixpath
 import secrets
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -113,8 +113,9 @@ class DockerSession(EnvironmentSession):
         events: EventFeed,
         upstream_dns_servers: tuple[str, ...] | None = None,
         endpoints: tuple[Endpoint, ...] = (),
+        credential_env: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(id=id, policy=policy)
+        super().__init__(id=id, policy=policy, credential_env=credential_env)
         self.phase = phase
         #: refused attempts, fed by the reader in the holder (`providers.docker.events`)
         self.feed = events
