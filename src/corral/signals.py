@@ -24,6 +24,9 @@ class Caught:
 
     signum: int | None = None
 
+    def received(self, signum: int) -> None:
+        self.signum = signum
+
     @property
     def exit_code(self) -> int | None:
         """The shell's convention for a process ended by the signal: 128 + its number."""
@@ -67,6 +70,6 @@ async def _watch(
     with anyio.open_signal_receiver(*signums) as received:
         task_status.started()
         async for signum in received:
-            caught.signum = signum
+            caught.received(signum)
             scope.cancel()
             return

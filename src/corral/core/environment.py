@@ -237,8 +237,7 @@ class BaseEnvironment(abc.ABC):
                 duration_s=round(anyio.current_time() - started, 3),
             )
             raise
-        session.environment = self
-        session.owned = owned
+        session.owned_by(self, owned)
         event(
             log,
             "info",
@@ -269,8 +268,7 @@ class BaseEnvironment(abc.ABC):
     def _adopt(
         self, session: EnvironmentSession, owned: AsyncExitStack, *, how: str
     ) -> EnvironmentSession:
-        session.environment = self
-        session.owned = owned
+        session.owned_by(self, owned)
         event(
             log,
             "info",
@@ -291,8 +289,7 @@ class BaseEnvironment(abc.ABC):
             return
         if session.environment is not self:
             raise ConfigError(f"session {session.id!r} was not opened by {self!r}")
-        session.closed = True
-        owned, session.owned = session.owned, None
+        owned = session.closing()
         if owned is None:
             return
         started = anyio.current_time()

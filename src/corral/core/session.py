@@ -245,7 +245,13 @@ class EnvironmentSession(abc.ABC):
             )
 
     def __init__(
-        self, *, id: str, policy: NetworkPolicy, credential_env: Mapping[str, str] | None = None
+        self,
+        *,
+        id: str,
+        policy: NetworkPolicy,
+        image: str = "",
+        services: tuple[str, ...] = (),
+        credential_env: Mapping[str, str] | None = None,
     ) -> None:
         self.id = id
         self.policy = policy
@@ -257,9 +263,9 @@ class EnvironmentSession(abc.ABC):
         self.environment: BaseEnvironment | None = None
         self.owned: AsyncExitStack | None = None
         self.closed = False
-        self.image: str = ""
+        self.image = image
         #: names of the plan's services running beside the sandbox (`service=` reaches one)
-        self.services: tuple[str, ...] = ()
+        self.services = services
         #: bounds, in seconds, on how long a resolved hostname is trusted before it is
         #: resolved again (its TTL, clamped into this range)
         self.refresh_bounds_s: tuple[float, float] = (2.0, 60.0)
@@ -267,6 +273,19 @@ class EnvironmentSession(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} id={self.id!r} policy={str(self.policy)!r}>"
+
+    def owned_by(self, environment: BaseEnvironment, owned: AsyncExitStack) -> None:
+        """Called by `environment` once the sandbox is whole: it closes the session by
+        unwinding `owned`, the undo of everything the open created."""
+        self.environment = environment
+        self.owned = owned
+
+    def closing(self) -> AsyncExitStack | None:
+        """Called by the environment's `close()`: marks the session closed and hands over
+        what is left to unwind (None: nothing, or already handed over)."""
+        self.closed = True
+        owned, self.owned = self.owned, None
+        return owned
 
     async def exec(
         self,

@@ -85,17 +85,20 @@ class Shell:
         id = await manager.start(shell_request(request))
         shell = cls(manager, id, limit)
         try:
-            shell._items = await shell._stack.enter_async_context(manager.attach(id, 0))
-            # What the shell says as it starts (no job control, no terminal) is no result's.
-            with anyio.fail_after(10):
-                token = secrets.token_hex(8)
-                await shell._send(SETUP, token)
-                await shell._until({token}, Capture(limit, None))
+            await shell._begin()
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await shell.close()
             raise
         return shell
+
+    async def _begin(self) -> None:
+        self._items = await self._stack.enter_async_context(self._manager.attach(self.id, 0))
+        # What the shell says as it starts (no job control, no terminal) is no result's.
+        with anyio.fail_after(10):
+            token = secrets.token_hex(8)
+            await self._send(SETUP, token)
+            await self._until({token}, Capture(self._output_limit, None))
 
     async def __aenter__(self) -> Shell:
         return self

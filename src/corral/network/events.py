@@ -297,6 +297,10 @@ class EventLog:
         self._lock = threading.Lock()
         self.error: str | None = None
 
+    def stopped(self, reason: str) -> None:
+        """The reader ended for `reason`: what it would have fed is missing from now on."""
+        self.error = reason
+
     def name_addresses(self, addresses: Mapping[str, Iterable[IPAddress]]) -> None:
         """The policy now in force resolved these names to these addresses: a flow to one
         is listed with its name from now on."""

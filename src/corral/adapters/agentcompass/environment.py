@@ -50,7 +50,10 @@ def define(ac: Contract, provider_id: str) -> type[Any]:
         )
 
     class CorralSession(ac.EnvironmentSession):
-        def __init__(self, inner: EnvironmentSession, policy: Any, workdir: str) -> None:
+        def __init__(
+            self, inner: EnvironmentSession, policy: Any, workdir: str, env_record: Any = None
+        ) -> None:
+            self.env_record = env_record
             self.inner = inner
             self.network_policy = policy
             self.default_workdir = workdir or None
@@ -165,9 +168,7 @@ def define(ac: Contract, provider_id: str) -> type[Any]:
                 await provider.close(inner)
                 raise
             self.sessions[inner.id] = inner
-            session = CorralSession(inner, baseline, config.workdir)
-            session.env_record = record
-            return session
+            return CorralSession(inner, baseline, config.workdir, record)
 
         async def close(self, *, session_id: str) -> None:
             inner = self.sessions.pop(session_id, None)

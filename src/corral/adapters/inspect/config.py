@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from inspect_ai.util import SandboxEnvironmentLimits
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from corral.adapters.credential_env import RoutedEnv
 from corral.adapters.provider import ProviderChoice
 from corral.compose import plan_from_compose
+from corral.core.environment import ENVIRONMENTS
 from corral.core.plan import ExecutionPlan
 from corral.workspace.options import BindingConfig
 
@@ -38,6 +40,14 @@ class CorralSandboxConfig(ProviderChoice, RoutedEnv):
     def _routes_named(self) -> CorralSandboxConfig:
         self.check_routes(self.plan.credentials)
         return self
+
+    def provider_params(self) -> dict[str, Any]:
+        """The provider's config, its output limit Inspect's (`OutputLimitExceededError`
+        past it) unless `provider_config` gives one."""
+        params = super().provider_params()
+        if "output_limit_bytes" in ENVIRONMENTS.get(self.provider).config_model.model_fields:
+            params.setdefault("output_limit_bytes", SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE)
+        return params
 
     def __hash__(self) -> int:
         # Inspect keys its sandbox caches by the config; the dict fields defeat pydantic's hash.

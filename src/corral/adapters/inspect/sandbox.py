@@ -29,7 +29,6 @@ from inspect_ai.util import (
     SandboxConnection,
     SandboxEnvironment,
     SandboxEnvironmentConfigType,
-    SandboxEnvironmentLimits,
     SandboxUnavailableError,
     SandboxUserUnsupportedError,
     sandboxenv,
@@ -135,7 +134,6 @@ class CorralSandboxEnvironment(SandboxEnvironment):
     ) -> dict[str, SandboxEnvironment]:
         cfg = load_config(config)
         session = await provider(cfg).open(cfg.plan)
-        session.output_limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
         _open.setdefault(task_name, {})[session.id] = session
         bound = BoundSet([binding_from(options) for options in cfg.bindings])
         try:

@@ -362,12 +362,12 @@ class DockerEnvironment(BaseEnvironment):
             phase="baseline",
             events=feed,
             endpoints=endpoints,
+            resolution=baseline,
         )
         phase_of.append(session)
         # Unwound first: the exec channel's stream and reader thread end with the session.
         owned.push_async_callback(session.executor.aclose)
         owned.push_async_callback(session.procs.aclose)
-        session.resolution = baseline
         try:
             await session.check_runtime(plan.network.baseline)
         except NetworkPolicyNotEnforced as exc:
@@ -667,6 +667,7 @@ class DockerEnvironment(BaseEnvironment):
         phase: Phase | None,
         events: EventFeed,
         endpoints: tuple[Endpoint, ...] = (),
+        resolution: Resolution | None = None,
     ) -> DockerSession:
         """A session over a running holder and sandbox, from what the engine says of them."""
         cfg = self.config
@@ -699,6 +700,11 @@ class DockerEnvironment(BaseEnvironment):
             runtime=sandbox["HostConfig"].get("Runtime") or "runc",
             # As the engine holds the container's config: corral wrote it, the sandbox can't.
             credential_env=credential_env_of(sandbox["Config"].get("Env") or []),
+            image=sandbox["Config"]["Image"],
+            # Every service of the plan is one of the session's; one whose container is gone
+            # is named in errors, never silently unknown.
+            services=service_names(labels),
+            resolution=resolution,
             verified_runtimes=self._verified_runtimes,
             exec_channel=cfg.exec_channel,
             snapshot_lifetime_s=cfg.snapshot_lifetime_s,
@@ -707,7 +713,6 @@ class DockerEnvironment(BaseEnvironment):
             upstream_dns_servers=cfg.upstream_dns_servers,
             endpoints=endpoints,
         )
-        session.image = sandbox["Config"]["Image"]
         return session
 
     async def _reattach(self, session_id: str) -> tuple[EnvironmentSession, AsyncExitStack] | None:
@@ -738,9 +743,6 @@ class DockerEnvironment(BaseEnvironment):
                 phase=phase,
                 events=feed,
             )
-            # Every service of the plan is one of the session's; one whose container is gone
-            # is named in errors, never silently unknown.
-            session.services = service_names(labels)
             for name, info in services.items():
                 session.add_service(name, info)
             await session.follow_names()

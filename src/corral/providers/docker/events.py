@@ -113,7 +113,7 @@ class EventReader:
             self._hijacked.close()
         if not self.closed:
             said = self._diagnostics.decode(errors="replace").strip()
-            self.events.error = f"{reason}: {said}" if said else reason
+            self.events.stopped(f"{reason}: {said}" if said else reason)
             if self.hello.is_set():  # a reader that never started is reported by its start
                 event(
                     log,

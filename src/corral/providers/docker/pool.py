@@ -139,7 +139,7 @@ class WarmPool(SlotPool[_Pair]):
                 )
                 await self._retire(ready)
                 continue
-            session.default_timeout = plan.timeouts.operation_s
+            session.claimed_for(plan)
             self.hits += 1
             return session
         self.misses += 1

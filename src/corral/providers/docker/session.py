@@ -19,6 +19,7 @@ from docker.errors import APIError, NotFound
 
 from corral.core.labels import OWNER
 from corral.core.logs import event
+from corral.core.plan import ExecutionPlan
 from corral.core.processes import ProcessManager, StartRequest
 from corral.core.session import DOWNLOAD_LIMIT_BYTES, EnvironmentSession, ExecRequest, ExecResult
 from corral.core.snapshot import SnapshotRef
@@ -114,8 +115,13 @@ class DockerSession(EnvironmentSession):
         upstream_dns_servers: tuple[str, ...] | None = None,
         endpoints: tuple[Endpoint, ...] = (),
         credential_env: Mapping[str, str] | None = None,
+        image: str = "",
+        services: tuple[str, ...] = (),
+        resolution: Resolution | None = None,
     ) -> None:
-        super().__init__(id=id, policy=policy, credential_env=credential_env)
+        super().__init__(
+            id=id, policy=policy, image=image, services=services, credential_env=credential_env
+        )
         self.phase = phase
         #: refused attempts, fed by the reader in the holder (`providers.docker.events`)
         self.feed = events
@@ -129,7 +135,8 @@ class DockerSession(EnvironmentSession):
         self.holder_address = holder_address
         self.dns = dns
         self.extra_hosts = extra_hosts
-        self.resolution: Resolution | None = None
+        #: what the policy in force was resolved to (None: not known, resolve afresh)
+        self.resolution = resolution
         self.published = published
         self.local_engine = local_engine
         self.user = user
@@ -162,6 +169,10 @@ class DockerSession(EnvironmentSession):
         self.endpoints = endpoints
         self.procs = ProcessClient(self._connect_procs, self._place_process, sandbox_id=id)
         self._defaults: Defaults | None = None
+
+    def claimed_for(self, plan: ExecutionPlan) -> None:
+        """Made ahead by the warm pool, now handed to an open of `plan`."""
+        self.default_timeout = plan.timeouts.operation_s
 
     def add_service(self, name: str, info: dict[str, Any]) -> None:
         """`service=name` reaches the container the engine inspected as `info`."""

@@ -32,6 +32,8 @@ SNAPSHOT = "corral.snapshot"
 #: once expired when the save never got that far
 PART = "corral.snapshot-part"
 REPOSITORY = "corral.local/snapshot"
+#: pauses tried, 0.2 s apart, while the engine says the sandbox runs (`_pause`)
+PAUSE_TRIES = 10
 
 
 def image_config(source: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
@@ -112,12 +114,27 @@ def _flatten(api: Engine, sandbox: str, labels: dict[str, str], made: list[str])
     """The sandbox's filesystem, paused while it is read, as a new image labelled with
     `labels` (its id appended to `made`)."""
     changes = [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in labels.items()]
-    api.pause(sandbox)
+    _pause(api, sandbox)
     try:
         answer: str = api.import_image_from_stream(api.export(sandbox), changes=changes)
     finally:
         api.unpause(sandbox)
     made.append(str(json.loads(answer.strip().splitlines()[-1])["status"]))
+
+
+def _pause(api: Engine, sandbox: str) -> None:
+    """Pause `sandbox`. Just after a restart (the end of a phase) runc may still call the
+    running container stopped (seen under load, 0.2 s after the start): while the engine
+    says it runs, the pause is tried again, for up to 2 s."""
+    for attempt in range(PAUSE_TRIES):
+        try:
+            api.pause(sandbox)
+            return
+        except APIError as exc:
+            running = api.inspect_container(sandbox)["State"].get("Running")
+            if "stopped" not in str(exc.explanation) or not running or attempt == PAUSE_TRIES - 1:
+                raise
+        time.sleep(0.2)
 
 
 async def _remove_image(client: Engine, tokens: int, image: str) -> None:

@@ -372,8 +372,8 @@ class KubernetesEnvironment(BaseEnvironment):
             snapshot_paths=cfg.snapshot_paths,
             snapshot_limits=cfg.snapshot_limits,
             exec_channel=cfg.exec_channel,
+            image=sandbox.image,
         )
-        session.image = sandbox.image
         return session
 
     async def _apply_baseline(self, session: KubernetesSession, baseline: NetworkPolicy) -> None:
@@ -385,7 +385,6 @@ class KubernetesEnvironment(BaseEnvironment):
                 await session.enforce(dns_only)
             if session.policy != baseline or self.config.verify_policy == "probe":
                 await session.enforce(baseline)
-            session.policy = baseline
         except NetworkPolicyNotEnforced as exc:
             raise NetworkPolicyNotEnforced(
                 f"sandbox {session.id}: {exc}; nothing was kept"

@@ -187,6 +187,10 @@ class Pooled:
     started_at: float | None
     active_deadline_s: int | None
 
+    def seen(self, pod: Any) -> None:
+        """The Pod as listed again, still idle: a claim patches this version of it."""
+        self.resource_version = pod.metadata.resource_version
+
     @classmethod
     def of(cls, pod: Any) -> Pooled:
         return cls(
@@ -496,7 +500,7 @@ class WarmPool(SlotPool[Pooled]):
                         continue
                     pod = found.get(ready.item.name)
                     if pod is not None and _idle(pod) and running(pod):
-                        ready.item.resource_version = pod.metadata.resource_version
+                        ready.item.seen(pod)
                         continue
                     idle.remove(ready)
                     self._notify()

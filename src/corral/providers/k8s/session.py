@@ -136,8 +136,9 @@ class KubernetesSession(EnvironmentSession):
         snapshot_paths: tuple[str, ...] | None,
         snapshot_limits: TreeLimits,
         exec_channel: bool = True,
+        image: str = "",
     ) -> None:
-        super().__init__(id=id, policy=policy)
+        super().__init__(id=id, policy=policy, image=image, services=tuple(service_places))
         self.target = target
         #: how the sandbox container's execs run: one helper reached over one websocket
         #: (`channel.py`), or one websocket exec each; services always the latter
@@ -162,7 +163,6 @@ class KubernetesSession(EnvironmentSession):
         self.snapshot_paths = snapshot_paths
         self.snapshot_limits = snapshot_limits
         self.service_places = service_places
-        self.services = tuple(service_places)
         self.procs = ProcessClient(self._connect_procs, self._place_process, sandbox_id=id)
 
     def _place(self, service: str | None) -> Place:
@@ -424,16 +424,16 @@ class KubernetesSession(EnvironmentSession):
         await enforcement.replace_spec(
             self.target.clients, self.target.tokens, self.target.namespace, self.policy_name, body
         )
-        if not self.verify:
-            return
-        self.last_enforced_s = await enforcement.verify(
-            self.prober,
-            policy,
-            resolved,
-            self.probe_candidates,
-            self.verify_timeout_s,
-            dialler=await self._dialler(),
-        )
+        if self.verify:
+            self.last_enforced_s = await enforcement.verify(
+                self.prober,
+                policy,
+                resolved,
+                self.probe_candidates,
+                self.verify_timeout_s,
+                dialler=await self._dialler(),
+            )
+        self.policy = policy
 
     async def _dialler(self) -> str | None:
         """corral's helper as the probe container sees it, put in the programs volume

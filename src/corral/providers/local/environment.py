@@ -136,7 +136,6 @@ class LocalEnvironment(BaseEnvironment):
             shelf=self._shelf(),
         )
         owned.push_async_callback(session.procs.aclose)
-        session.image = "host"
         return session
 
     async def _restore(self, session: EnvironmentSession, ref: SnapshotRef) -> None:

@@ -59,7 +59,7 @@ class LocalSession(EnvironmentSession):
         end_workload_timeout_s: float,
         shelf: SnapshotShelf,
     ) -> None:
-        super().__init__(id=id, policy=policy)
+        super().__init__(id=id, policy=policy, image="host")
         self.workspace = workspace
         self.workdir = workdir
         self.tmp_dir = workspace / ".tmp"

@@ -51,7 +51,9 @@ class Report:
 
 async def run_campaign(subject: Subject, operation: str) -> Report:
     """Cancel `operation` at N = 1, 2, ... until it completes (or `subject.max_n`)."""
-    report = Report(subject.provider, operation)
+    attempts: list[Attempt] = []
+    problems: list[Problem] = []
+    completed = False
     case = CASES[operation](subject)
     threads = set(threading.enumerate())
     await case.setup()
@@ -59,27 +61,28 @@ async def run_campaign(subject: Subject, operation: str) -> Report:
         for n in itertools.count(1):
             if (subject.max_n is not None and n > subject.max_n) or n > HARD_LIMIT_N:
                 break
-            attempt = await _checked(subject, case, n, report)
-            report.attempts.append(attempt)
+            attempt = await _checked(subject, case, n, problems)
+            attempts.append(attempt)
             if attempt.outcome is Outcome.COMPLETED:
-                report.completed = True
+                completed = True
                 break
     finally:
         with anyio.CancelScope(shield=True):
             await case.teardown()
     busy = await busy_threads(threads)
     if busy:
-        report.problems.append(Problem(0, "threads", f"after the campaign: {', '.join(busy)}"))
+        problems.append(Problem(0, "threads", f"after the campaign: {', '.join(busy)}"))
     left = await anyio.to_thread.run_sync(subject.owned)
     if left:
-        report.problems.append(Problem(0, "provider objects", f"after the campaign: {left}"))
-    if not report.completed and subject.max_n is None:
-        last = len(report.attempts)
-        report.problems.append(Problem(last, "never completed", f"still cancelled at N={last}"))
-    return report
+        problems.append(Problem(0, "provider objects", f"after the campaign: {left}"))
+    if not completed and subject.max_n is None:
+        last = len(attempts)
+        problems.append(Problem(last, "never completed", f"still cancelled at N={last}"))
+    return Report(subject.provider, operation, attempts, problems, completed)
 
 
-async def _checked(subject: Subject, case: Case, n: int, report: Report) -> Attempt:
+async def _checked(subject: Subject, case: Case, n: int, found: list[Problem]) -> Attempt:
+    """Attempt `n`, with what it left or broke added to `found`."""
     await case.prepare()
     threads = set(threading.enumerate())
     directories = [Path(tempfile.gettempdir()), *case.destinations()]
@@ -100,5 +103,5 @@ async def _checked(subject: Subject, case: Case, n: int, report: Report) -> Atte
     if new_files:
         problems.append(Problem(n, "temp files", ", ".join(str(p) for p in sorted(new_files))))
     where = f" (cancel requested in {attempt.landed})" if attempt.landed else ""
-    report.problems += [Problem(p.n, p.cause, p.detail + where) for p in problems]
+    found.extend(Problem(p.n, p.cause, p.detail + where) for p in problems)
     return attempt
