@@ -38,7 +38,7 @@ from corral.helper.link import (
     greeted,
 )
 from corral.providers.docker import programs
-from corral.providers.docker.engine import Engine, Hijacked, call
+from corral.providers.docker.engine import Engine, Hijacked, call, open_stream
 from corral.providers.docker.execution import kill_tree
 from corral.providers.docker.executor import PlainExecutor
 
@@ -75,8 +75,8 @@ class EngineStream:
 class SocketTransport:
     """The hijacked exec socket (`exec_start(socket=True)`)."""
 
-    def __init__(self, raw: Any) -> None:
-        self._hijacked = Hijacked(raw)
+    def __init__(self, stream: Hijacked) -> None:
+        self._hijacked = stream
         self.sock: socket.socket = self._hijacked.sock
         self._reader: Any = self._hijacked.reader
         self._write_lock = threading.Lock()
@@ -147,21 +147,10 @@ async def start_program(
     `corral.providers.docker.programs`), over one engine exec stream; once it said hello.
     ChannelUnavailable (having cleaned up) when it cannot start or answer."""
     try:
-        created: dict[str, Any] = await call(
-            tokens,
-            api.exec_create,
-            container,
-            argv,
-            stdin=True,
-            stdout=True,
-            stderr=True,
-            user="0",
-            workdir="/",
-        )
-        raw: Any = await call(tokens, api.exec_start, created["Id"], socket=True)
+        stream = await open_stream(api, tokens, container, argv)
     except (APIError, ProviderError) as exc:
         raise ChannelUnavailable(f"starting {argv[0]} failed: {exc}") from None
-    return await greeted(link(SocketTransport(raw)))
+    return await greeted(link(SocketTransport(stream)))
 
 
 class ChannelExecutor(_ChannelExecutor):

@@ -73,6 +73,23 @@ class Hijacked:
                 self.reader.close()
 
 
+async def open_stream(api: Engine, tokens: int, container: str, argv: list[str]) -> Hijacked:
+    """`argv` started in `container` as root from `/`, its stdin, stdout and stderr one
+    engine stream (APIError or ProviderError when the engine refuses it)."""
+    created: dict[str, Any] = await call(
+        tokens,
+        api.exec_create,
+        container,
+        argv,
+        stdin=True,
+        stdout=True,
+        stderr=True,
+        user="0",
+        workdir="/",
+    )
+    return Hijacked(await call(tokens, api.exec_start, created["Id"], socket=True))
+
+
 def transient(exc: BaseException) -> bool:
     """Connection resets and 5xx/429 from the engine; never 4xx answers."""
     if isinstance(exc, requests.ConnectionError | requests.Timeout):

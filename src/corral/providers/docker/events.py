@@ -30,7 +30,7 @@ from corral.core.logs import event
 from corral.errors import ProviderError
 from corral.helper import helper_archive, helper_binary
 from corral.network.events import NFLOG_GROUP, EventLog
-from corral.providers.docker.engine import Engine, Hijacked, call
+from corral.providers.docker.engine import Engine, Hijacked, call, open_stream
 
 log = logging.getLogger("corral.docker.events")
 
@@ -67,8 +67,8 @@ def demux(buffer: bytearray) -> tuple[bytes, bytes]:
 class EventReader:
     """One reader in one holder, feeding `log`. Made by `start_reader`."""
 
-    def __init__(self, raw: Any, events: EventLog, session_id: str) -> None:
-        self._hijacked = Hijacked(raw)
+    def __init__(self, stream: Hijacked, events: EventLog, session_id: str) -> None:
+        self._hijacked = stream
         self.sock: socket.socket = self._hijacked.sock
         self._buffered: Any = self._hijacked.reader
         self.events = events
@@ -149,21 +149,10 @@ async def start_reader(
         path = f"/.corral-events-{secrets.token_hex(8)}"
         archive = await anyio.to_thread.run_sync(helper_archive, binary, path[1:])
         await call(tokens, api.put_archive, holder, "/", archive)
-        created: dict[str, Any] = await call(
-            tokens,
-            api.exec_create,
-            holder,
-            [path, "--nflog", path, str(NFLOG_GROUP)],
-            stdin=True,
-            stdout=True,
-            stderr=True,
-            user="0",
-            workdir="/",
-        )
-        raw: Any = await call(tokens, api.exec_start, created["Id"], socket=True)
+        stream = await open_stream(api, tokens, holder, [path, "--nflog", path, str(NFLOG_GROUP)])
     except (APIError, ProviderError) as exc:
         raise EventsUnavailable(f"starting the reader in the holder failed: {exc}") from None
-    reader = EventReader(raw, events, session_id)
+    reader = EventReader(stream, events, session_id)
     reader.start()
     try:
         started = await anyio.to_thread.run_sync(
