@@ -42,6 +42,14 @@ CLEANUP_TIMEOUT_S = 120.0
 
 
 class BaseEnvironment(abc.ABC):
+    """A provider of sandboxes: `open(plan)` makes a session, `close(session)` removes
+    exactly what it made (both final here; a provider implements `_open` and the hooks).
+
+    Built from its config model (`config_model`, or its fields as keyword arguments);
+    what it can do is declared by the class attributes below, read through `features()`
+    and `network_capabilities()`, and checked before anything is created.
+    """
+
     id: ClassVar[str]
     config_model: ClassVar[type[RuntimeEnvironmentConfig]] = RuntimeEnvironmentConfig
     supported_network_modes: ClassVar[frozenset[NetworkMode]] = frozenset({NetworkMode.PUBLIC})
@@ -101,6 +109,8 @@ class BaseEnvironment(abc.ABC):
 
     @classmethod
     def network_capabilities(cls) -> NetworkCapabilities:
+        """Which modes, entry types and switches this provider enforces; a policy outside
+        them is refused at `open()` or at the switch, naming what is missing."""
         return NetworkCapabilities(
             provider=cls.id,
             modes=cls.supported_network_modes,
@@ -112,6 +122,9 @@ class BaseEnvironment(abc.ABC):
 
     @classmethod
     def features(cls) -> EnvironmentFeatures:
+        """What this provider supports beyond exec and files (reattach, snapshots,
+        services, network events, processes, terminals, credential routes), as installed:
+        a feature that needs corral's helper binary is reported only where it ships."""
         return EnvironmentFeatures(
             provider=cls.id,
             supports_reattach=cls.supports_reattach,
@@ -321,6 +334,8 @@ class BaseEnvironment(abc.ABC):
 
     @asynccontextmanager
     async def session(self, plan: ExecutionPlan) -> AsyncGenerator[EnvironmentSession]:
+        """`async with env.session(plan) as sandbox:` opens it, and closes it on the way
+        out, also when the block fails or is cancelled."""
         sandbox = await self.open(plan)
         try:
             yield sandbox

@@ -78,18 +78,26 @@ READ_TEXT_LIMIT_BYTES = 64 << 20
 
 
 class ExecResult(BaseModel):
+    """What a command did: its exit status and its output, decoded as UTF-8 with invalid
+    bytes replaced, each stream kept to the session's `output_limit` (the rest dropped,
+    `*_truncated` set)."""
+
     model_config = ConfigDict(frozen=True)
 
+    #: the exit status; 124 when it timed out, None where the provider cannot know it
     returncode: int | None
     stdout: str
     stderr: str
+    #: the command ran past its timeout and its process tree was killed
     timed_out: bool = False
+    #: wall-clock seconds from the start of the call to its result
     duration_s: float
     stdout_truncated: bool = False
     stderr_truncated: bool = False
 
     @property
     def ok(self) -> bool:
+        """Exit status 0, and not timed out."""
         return self.returncode == 0 and not self.timed_out
 
 
@@ -463,9 +471,9 @@ class EnvironmentSession(abc.ABC):
     # The file calls: `service` names one of the plan's services instead of the sandbox
     # (providers check it with `service_name`).
     @abc.abstractmethod
-    async def upload(
-        self, local: str | Path, remote: str, *, service: str | None = None
-    ) -> None: ...
+    async def upload(self, local: str | Path, remote: str, *, service: str | None = None) -> None:
+        """Copy the file `local` to `remote` in the sandbox (or in `service`), making its
+        parent directories; an existing file is replaced."""
 
     @abc.abstractmethod
     async def download(
@@ -483,12 +491,17 @@ class EnvironmentSession(abc.ABC):
     @abc.abstractmethod
     async def upload_dir(
         self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
-    ) -> None: ...
+    ) -> None:
+        """Copy the tree `local_dir` into `remote_dir` (made if missing); a link in it that
+        points outside it is refused (`UnsafeArchiveMember`) before anything is sent."""
 
     @abc.abstractmethod
     async def download_dir(
         self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
-    ) -> None: ...
+    ) -> None:
+        """Copy the tree `remote_dir` into `local_dir`: what the sandbox sends is checked
+        member by member, and nothing, through any chain of links, lands outside
+        `local_dir` (`UnsafeArchiveMember`)."""
 
     def resolve_path(self, path: str) -> str:
         """`path` as the sandbox's own commands must be given it: itself where the sandbox
@@ -508,6 +521,7 @@ class EnvironmentSession(abc.ABC):
             raise ProviderError(f"cannot remove {path!r} in the sandbox: {result.stderr.strip()}")
 
     async def write_text(self, path: str, text: str, *, service: str | None = None) -> None:
+        """Write `text` (UTF-8) to the file `path`, as `upload` would."""
         with tempfile.TemporaryDirectory(prefix="corral-") as tmp:
             local = Path(tmp) / "file"
             await anyio.Path(local).write_text(text, encoding="utf-8")
