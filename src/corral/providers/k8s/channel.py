@@ -110,8 +110,7 @@ class ChannelExecutor(_ChannelExecutor):
         return None, request.cwd or ""
 
     async def _kill_fallback(self, marker: str, user: str | None) -> None:
-        with anyio.move_on_after(10):
-            await kill(self.target, marker)
+        await kill(self.target, marker)
 
     async def _arch(self) -> str:
         """The node's architecture, from the API server; from `uname -m` in the container

@@ -38,6 +38,8 @@ from corral.providers.k8s.api import TRANSPORT_ERRORS, Api, call, explain, stopp
 stream: Api = importlib.import_module("kubernetes.stream").stream
 
 FRAME = 1024 * 1024
+#: seconds a kill of a marked tree may run before corral stops waiting for it
+KILL_S = 10.0
 #: seconds between looks at the deadline and the stop event while no frame arrives
 POLL_S = 0.2
 _CHANNELS: dict[int, Stream] = {STDOUT_CHANNEL: "stdout", STDERR_CHANNEL: "stderr"}
@@ -283,7 +285,8 @@ async def run_exec(
 
 
 async def kill(target: Target, marker: str) -> None:
-    """Kill every process in the Pod carrying `marker`."""
+    """Kill every process in the Pod carrying `marker`; given up after KILL_S once its
+    exec runs (a cancel scope cannot stop the worker thread that drives it)."""
     with contextlib.suppress(ProviderError):  # the Pod is gone, and the tree with it
         await call(
             target.tokens,
@@ -291,7 +294,7 @@ async def kill(target: Target, marker: str) -> None:
             target,
             kill_tree_argv(marker, target.shell),
             None,
-            None,
+            time.monotonic() + KILL_S,
             _ignore,
         )
 

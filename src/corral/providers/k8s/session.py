@@ -181,7 +181,8 @@ class KubernetesSession(EnvironmentSession):
             forwarder = await anyio.to_thread.run_sync(
                 PortForwarder, self.target.clients, self.target.namespace, self.target.pod, port
             )
-            self.owned.callback(forwarder.close)
+            # In a worker thread: joining the forwarder's threads must not hold the loop.
+            self.owned.push_async_callback(anyio.to_thread.run_sync, forwarder.close)
             self.forwards[port] = forwarder
         return f"http://127.0.0.1:{self.forwards[port].port}"
 
