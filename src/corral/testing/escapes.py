@@ -41,6 +41,8 @@ class EscapeTargets(NamedTuple):
     peer_port: int
     #: the sandbox's resolver
     resolver: str
+    #: the runtime gives the sandbox a kernel of its own (gVisor): see `escapes`
+    own_kernel: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class Technique:
     name: str
     script: str
     control: bool = False
+    #: writes a network setting of the kernel the sandbox runs on
+    kernel_setting: bool = False
 
 
 def _py(code: str) -> str:
@@ -188,8 +192,14 @@ def catalogue(t: EscapeTargets) -> list[Technique]:
         Technique("link-change", "ip link add corral-esc type dummy"),
         Technique("address-change", f"ip addr add {t.denied_ip}/32 dev lo && {dial}"),
         Technique("ipv6-link-local-gateway", _link_local_gateway(t.host_port)),
-        Technique("proc-sys-ip-forward", "echo 1 > /proc/sys/net/ipv4/ip_forward"),
-        Technique("proc-sys-route-localnet", "echo 1 > /proc/sys/net/ipv4/conf/all/route_localnet"),
+        Technique(
+            "proc-sys-ip-forward", "echo 1 > /proc/sys/net/ipv4/ip_forward", kernel_setting=True
+        ),
+        Technique(
+            "proc-sys-route-localnet",
+            "echo 1 > /proc/sys/net/ipv4/conf/all/route_localnet",
+            kernel_setting=True,
+        ),
         Technique("sys-class-net-write", "echo 1 > /sys/class/net/lo/flags"),
         Technique("remount-sys-rw", "mount -o remount,rw /sys"),
         Technique("ptrace-outside-processes", _PTRACE_OUTSIDE),
@@ -212,9 +222,19 @@ async def attempt(session: EnvironmentSession, technique: Technique) -> ExecResu
 
 
 async def escapes(session: EnvironmentSession, targets: EscapeTargets) -> dict[str, str]:
-    """Every technique that got out, with what it printed; empty when all were stopped."""
+    """Every technique that got out, with what it printed; empty when all were stopped.
+
+    With `targets.own_kernel` the sandbox's network settings belong to its own kernel
+    (gVisor's netstack), which nothing that enforces the policy depends on: root may
+    change them. So those techniques run first, uncounted, and every other one must
+    still be stopped with the settings changed."""
     escaped: dict[str, str] = {}
-    for technique in catalogue(targets):
+    techniques = catalogue(targets)
+    if targets.own_kernel:
+        for technique in [t for t in techniques if t.kernel_setting]:
+            await attempt(session, technique)
+        techniques = [t for t in techniques if not t.kernel_setting]
+    for technique in techniques:
         result = await attempt(session, technique)
         if result.returncode == 0:
             escaped[technique.name] = (result.stdout + result.stderr).strip()[-300:]

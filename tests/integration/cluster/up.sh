@@ -157,6 +157,12 @@ make_pki() {
 # ------------------------------------------------------------------ config files
 write_containerd_config() {
     mkdir -p "$CLUSTER_STATE/containerd" "$CLUSTER_RUN/containerd"
+    cat >"$CLUSTER_STATE/runsc.toml" <<EOF
+binary_name = "$GVISOR_BIN/runsc"
+root = "$CLUSTER_RUN/runsc"
+[runsc_config]
+  platform = "systrap"
+EOF
     cat >"$CLUSTER_STATE/containerd.toml" <<EOF
 version = 2
 root = "$CLUSTER_STATE/containerd"
@@ -191,6 +197,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = "$CLUSTER_RUN/runc"
+    # gVisor (RuntimeClass gvisor): its own network stack inside each Pod, whose packets
+    # still leave through the Pod's veth, where the CNI's NetworkPolicy rules see them.
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]
+      runtime_type = "io.containerd.runsc.v1"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "$CLUSTER_STATE/runsc.toml"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$CNI_BIN_DIR"
     conf_dir = "$CNI_CONF_DIR"
@@ -274,7 +287,7 @@ fi
 install_packages
 [ -x "$K8S_BIN/kubelet" ] && [ -f "$K8S_BIN/../.complete" ] \
     && [ -f "$ETCD_BIN/../.complete" ] && [ -f "$KUBE_ROUTER_BIN/../.complete" ] \
-    && [ -f "$IMAGES_DIR/.complete" ] \
+    && [ -f "$GVISOR_BIN/../.complete" ] && [ -f "$IMAGES_DIR/.complete" ] \
     || { log "binary cache is cold: running build.sh (this takes a long while)"; \
          bash "$HERE/build.sh"; }
 
@@ -307,7 +320,9 @@ start_proc etcd "$ETCD_BIN/etcd" --name corral --data-dir "$CLUSTER_STATE/etcd" 
     --unsafe-no-fsync --log-level warn
 
 # containerd starts in parallel with the control plane.
-start_proc containerd containerd --config "$CLUSTER_STATE/containerd.toml"
+# containerd finds a runtime's shim on its PATH (containerd-shim-runsc-v1).
+start_proc containerd env PATH="$GVISOR_BIN:$PATH" \
+    containerd --config "$CLUSTER_STATE/containerd.toml"
 
 wait_for etcd 60 curl -sf "http://127.0.0.1:$ETCD_CLIENT_PORT/health"
 
@@ -373,6 +388,13 @@ start_proc kube-router "$KUBE_ROUTER_BIN/kube-router" \
 
 wait_for "node Ready" 120 kubectl_ wait --for=condition=Ready "node/$NODE_NAME" --timeout=5s
 wait_for "default service account" 60 kubectl_ -n default get serviceaccount default
+kubectl_ apply -f - >/dev/null <<EOF
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata:
+  name: gvisor
+handler: runsc
+EOF
 wait_for "kube-router healthy" 60 curl -sf http://127.0.0.1:20244/healthz
 check_alive
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes.client as k8s
 import pytest
 from kubernetes.client.exceptions import ApiException
 
@@ -94,6 +95,38 @@ def make_env(namespace: str, **overrides: Any) -> KubernetesEnvironment:
 @pytest.fixture
 def k8s_env(namespace: str) -> KubernetesEnvironment:
     return make_env(namespace)
+
+
+#: The runtimes the enforcement tests run under, by the RuntimeClass selecting each (None:
+#: the node's default, runc). gVisor's Pods have their own network stack, whose packets
+#: must still meet the CNI's NetworkPolicy rules on the Pod's veth.
+RUNTIME_CLASSES: dict[str, str | None] = {"runc": None, "gvisor": "gvisor"}
+
+
+@pytest.fixture(scope="session")
+def runtime_classes(cluster: Any) -> dict[str, str | None]:
+    """RUNTIME_CLASSES, once each named RuntimeClass is seen in the cluster."""
+    with k8s.ApiClient(cluster.configuration) as client:
+        node = k8s.NodeV1Api(client)
+        for name in filter(None, RUNTIME_CLASSES.values()):
+            try:
+                node.read_runtime_class(name, _request_timeout=(3, 10))
+            except ApiException as exc:
+                if status_of(exc) != 404:
+                    raise
+                unavailable(
+                    f"the cluster has no RuntimeClass {name!r}; "
+                    "tests/integration/cluster/up.sh registers gVisor's as `gvisor`"
+                )
+    return RUNTIME_CLASSES
+
+
+@pytest.fixture(params=list(RUNTIME_CLASSES))
+def runtime_env(
+    request: pytest.FixtureRequest, namespace: str, runtime_classes: dict[str, str | None]
+) -> KubernetesEnvironment:
+    """A `k8s` environment whose Pods run under each runtime in turn."""
+    return make_env(namespace, runtime_class_name=runtime_classes[request.param])
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The escape catalogue, as root in a Kubernetes sandbox, under no-network and allowlist."""
+"""The escape catalogue, as root in a Kubernetes sandbox, under no-network and allowlist,
+with runc and with gVisor (whose own network stack's packets still meet the CNI's rules)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from corral.testing.escapes import EscapeTargets, escapes, failed_controls
 from corral.testing.plugin import EgressTarget
 from corral.testing.servers import serve_tcp, stop_server
 from tests.integration.conftest import ALLOWED_IP, DENIED_IP, LINK_LOCAL_IP, TCP_PORT, UDP_PORT
-from tests.integration.k8s.conftest import TEST_IMAGE
+from tests.integration.k8s.conftest import RUNTIME_CLASSES, TEST_IMAGE
 
 pytestmark = pytest.mark.anyio
 PEER_PORT = 9000
@@ -57,6 +58,7 @@ async def targets(
     resolv = await sandbox.exec(
         ["sh", "-c", "awk '/^nameserver/ {print $2; exit}' /etc/resolv.conf"]
     )
+    spec = pod(cluster, sandbox)
     return EscapeTargets(
         denied_ip=DENIED_IP,
         denied_ip6="",  # the test cluster's Pods have no IPv6 address
@@ -65,23 +67,24 @@ async def targets(
         udp_port=UDP_PORT,
         link_local_ip=LINK_LOCAL_IP,
         link_local_port=ports["link-local"],
-        host_ip=pod(cluster, sandbox).status.host_ip,
+        host_ip=spec.status.host_ip,
         host_port=ports["host"],
         peer_ip=pod(cluster, peer).status.pod_ip,
         peer_port=PEER_PORT,
         resolver=resolv.stdout.strip() or "10.96.0.10",
+        own_kernel=spec.spec.runtime_class_name == RUNTIME_CLASSES["gvisor"],
     )
 
 
 async def test_dialling_techniques_reach_their_targets_under_public(
     cluster: Any,
-    k8s_env: KubernetesEnvironment,
+    runtime_env: KubernetesEnvironment,
     peer: KubernetesSession,
     listeners: dict[str, int],
     tcp_targets: list[EgressTarget],
     udp_targets: list[EgressTarget],
 ) -> None:
-    async with k8s_env.session(plan("public")) as sandbox:
+    async with runtime_env.session(plan("public")) as sandbox:
         assert isinstance(sandbox, KubernetesSession)
         failed = await failed_controls(sandbox, await targets(cluster, sandbox, peer, listeners))
     # A Pod has neither NET_RAW nor a ping_group_range that admits it: it cannot send ICMP
@@ -93,14 +96,14 @@ async def test_dialling_techniques_reach_their_targets_under_public(
 @pytest.mark.parametrize("policy", ["no-network", f"allowlist:{ALLOWED_IP}:{TCP_PORT}"])
 async def test_no_technique_escapes(
     cluster: Any,
-    k8s_env: KubernetesEnvironment,
+    runtime_env: KubernetesEnvironment,
     peer: KubernetesSession,
     listeners: dict[str, int],
     tcp_targets: list[EgressTarget],
     udp_targets: list[EgressTarget],
     policy: str,
 ) -> None:
-    async with k8s_env.session(plan(policy)) as sandbox:
+    async with runtime_env.session(plan(policy)) as sandbox:
         assert isinstance(sandbox, KubernetesSession)
         with anyio.fail_after(600):
             escaped = await escapes(sandbox, await targets(cluster, sandbox, peer, listeners))

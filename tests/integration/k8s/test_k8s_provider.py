@@ -25,7 +25,7 @@ from corral import (
 from corral.providers.k8s import KubernetesEnvironment
 from corral.testing.plugin import EgressTarget
 from tests.integration.conftest import ALLOWED_IP, effective_capabilities, unavailable
-from tests.integration.k8s.conftest import TEST_IMAGE, make_env
+from tests.integration.k8s.conftest import RUNTIME_CLASSES, TEST_IMAGE, make_env
 
 pytestmark = pytest.mark.anyio
 
@@ -83,33 +83,42 @@ async def test_network_policy_follows_the_session(
     ],
 )
 async def test_modes_toward_test_servers(
-    k8s_env: KubernetesEnvironment,
+    runtime_env: KubernetesEnvironment,
     tcp_targets: list[EgressTarget],
     policy: str,
     expected: tuple[bool, bool],
 ) -> None:
     allowed, denied = tcp_targets
     text = policy.format(allowed=str(allowed), denied=str(denied))
-    async with k8s_env.session(plan(text)) as sandbox:
+    async with runtime_env.session(plan(text)) as sandbox:
         seen = (await tcp(sandbox, allowed), await tcp(sandbox, denied))
     assert seen == expected
 
 
-async def test_modes_between_pods(k8s_env: KubernetesEnvironment, plain_server: str) -> None:
-    """Egress toward another Pod follows the policy like any destination."""
+async def test_modes_between_pods(runtime_env: KubernetesEnvironment, plain_server: str) -> None:
+    """Egress toward another Pod follows the policy like any destination.
+
+    A switch returns once what the new policy forbids is refused (probed); what it newly
+    allows opens when the CNI next syncs (kube-router: within a few seconds), which no
+    probe can see from inside the Pod, so that last step is polled."""
     target = EgressTarget(plain_server, 9000)
     seen: list[bool] = []
-    async with k8s_env.session(plan("public")) as client:
+    async with runtime_env.session(plan("public")) as client:
         seen.append(await tcp(client, target))
         await client.set_network_policy(NetworkPolicy.no_network())
         seen.append(await tcp(client, target))
         await client.set_network_policy(NetworkPolicy.allowlist(f"{plain_server}:9000"))
-        seen.append(await tcp(client, target))
+        opened = False
+        for _ in range(30):
+            if opened := await tcp(client, target):
+                break
+            await anyio.sleep(0.5)
+        seen.append(opened)
     assert seen == [True, False, True]
 
 
 async def test_switch_while_a_flow_is_open(
-    k8s_env: KubernetesEnvironment, udp_targets: list[EgressTarget]
+    runtime_env: KubernetesEnvironment, udp_targets: list[EgressTarget]
 ) -> None:
     """The switch lands while a flow is open, and from then on new flows are refused.
 
@@ -131,7 +140,7 @@ async def test_switch_while_a_flow_is_open(
         " print(ask(old)+'/'+ask(sock()),flush=True);time.sleep(0.1)\n"
     )
     lines: list[str] = []
-    async with k8s_env.session(plan("public")) as sandbox, anyio.create_task_group() as tg:
+    async with runtime_env.session(plan("public")) as sandbox, anyio.create_task_group() as tg:
 
         async def run() -> None:
             result = await sandbox.exec(["python3", "-c", script], timeout=120)
@@ -212,10 +221,20 @@ def enforcer_paused() -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
+@pytest.mark.parametrize("runtime", list(RUNTIME_CLASSES))
 async def test_unenforced_policy_is_detected(
-    cluster: Any, namespace: str, enforcer_paused: None
+    cluster: Any,
+    namespace: str,
+    enforcer_paused: None,
+    runtime_classes: dict[str, str | None],
+    runtime: str,
 ) -> None:
-    env = make_env(namespace, owner="failopen", verify_timeout_s=4)
+    env = make_env(
+        namespace,
+        owner="failopen",
+        verify_timeout_s=4,
+        runtime_class_name=runtime_classes[runtime],
+    )
     with pytest.raises(NetworkPolicyNotEnforced, match="does not enforce"):
         await env.open(plan("no-network"))
     assert objects(cluster, namespace, "failopen") == []
