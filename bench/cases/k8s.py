@@ -1,8 +1,9 @@
 """Kubernetes rows: Pod open with `no-network` enforced vs `kubectl run` + wait Ready,
 exec (through the exec channel, and plain) vs `kubectl exec`, a policy patch until the
 probe sees it enforced, a warm-pool claim vs a cold open of the same plan, directory
-transfers vs `kubectl cp` (k8s_transfer), and many Pods opened at once (k8s_scale: 100 in
-a full run, a fifth with --quick).
+transfers vs `kubectl cp` (k8s_transfer), the open, exec and switch rows again under gVisor
+beside runc (k8s_runtime), and many Pods opened at once (k8s_scale: 100 in a full run, a
+fifth with --quick).
 
 Runs against KUBECONFIG (default: the cluster of tests/integration/cluster/up.sh) in a
 namespace of its own, removed at the end; skipped with the reason when no cluster answers.
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import anyio
 
+from bench.cases.k8s_runtime import RUNTIME_CLASS, runtime_rows
 from bench.cases.k8s_scale import FULL, scale_rows
 from bench.cases.k8s_transfer import transfer_rows
 from bench.context import TEST_IMAGE, Context, timed, timed_sync
@@ -56,15 +58,15 @@ async def run(ctx: Context) -> list[Row]:
         return [Row("k8s: open, exec, policy", note=reason)]
     kubeconfig, kubectl = found
     namespace = f"corral-bench-{secrets.token_hex(3)}"
-    env = KubernetesEnvironment(
-        KubernetesConfig(
-            kubeconfig=kubeconfig,
-            namespace=namespace,
-            create_namespace=True,
-            image_pull_policy="Never",
-            owner=ctx.owner,
-        )
+    config = KubernetesConfig(
+        kubeconfig=kubeconfig,
+        namespace=namespace,
+        create_namespace=True,
+        image_pull_policy="Never",
+        owner=ctx.owner,
     )
+    env = KubernetesEnvironment(config)
+    gvisor = KubernetesEnvironment(config.model_copy(update={"runtime_class_name": RUNTIME_CLASS}))
     base = [kubectl, "--kubeconfig", kubeconfig, "-n", namespace]
     plan = ExecutionPlan.model_validate({"image": TEST_IMAGE, "network": "no-network"})
     rows: list[Row] = []
@@ -73,6 +75,7 @@ async def run(ctx: Context) -> list[Row]:
             ("k8s: open, exec, policy", lambda: _rows(ctx, env, base)),
             ("k8s: warm pool", lambda: _pool_rows(ctx, env)),
             ("k8s: transfer", lambda: transfer_rows(ctx, env, base, plan)),
+            ("k8s under gVisor", lambda: _gvisor_rows(ctx, gvisor, env, base, plan)),
             ("k8s: Pods at once", lambda: scale_rows(env, kubeconfig, plan, ctx.reps(FULL))),
         ):
             try:
@@ -81,9 +84,28 @@ async def run(ctx: Context) -> list[Row]:
                 rows.append(Row(name, note=f"failed: {exc!r}"))
         return rows
     finally:
+        await gvisor.aclose()
+        await env.aclose()
         await anyio.run_process(
             [*base[:3], "delete", "namespace", namespace, "--wait=false"], check=False
         )
+
+
+async def _gvisor_rows(
+    ctx: Context,
+    gvisor: KubernetesEnvironment,
+    env: KubernetesEnvironment,
+    base: list[str],
+    plan: ExecutionPlan,
+) -> list[Row]:
+    found = await anyio.run_process([*base[:3], "get", "runtimeclass", RUNTIME_CLASS], check=False)
+    if found.returncode != 0:
+        reason = (
+            f"skipped: no RuntimeClass {RUNTIME_CLASS!r} in the cluster; "
+            "tests/integration/cluster/up.sh registers gVisor's"
+        )
+        return [Row("k8s under gVisor", note=reason)]
+    return await runtime_rows(ctx, gvisor, env, plan)
 
 
 def _kubectl_run(base: list[str], name: str) -> None:
