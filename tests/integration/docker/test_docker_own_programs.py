@@ -79,7 +79,7 @@ async def tamper(sandbox: EnvironmentSession) -> None:
 
 async def processes(sandbox: DockerSession) -> list[str]:
     """The sandbox's command lines, from the engine's host-side view."""
-    top: dict[str, Any] = await anyio.to_thread.run_sync(sandbox.client.api.top, sandbox.sandbox)
+    top: dict[str, Any] = await anyio.to_thread.run_sync(sandbox.engine.api.top, sandbox.sandbox)
     column = top["Titles"].index("CMD")
     rows: list[list[str]] = top.get("Processes") or []
     return [row[column] for row in rows]

@@ -380,7 +380,6 @@ async def test_a_warm_pool_hands_services_only_to_plans_that_name_them(
             assert "http.server" in (await warm.exec(["ps", "-eo", "args"], service="web")).stdout
         await pool.ready()
         # `corral gc` of an idle pooled sandbox takes its services too.
-        client = await env.client()
-        removed = await collect_idle(client, 4, env.config.owner, time.time() + 3600)
+        removed = await collect_idle(await env.engine(), env.config.owner, time.time() + 3600)
         assert len(removed) == 1 and service_names(engine, owner) == []
     assert leftovers(engine, owner) == []

@@ -252,7 +252,7 @@ async def tcp(session: EnvironmentSession, target: EgressTarget) -> bool:
 async def in_pod(cluster: Any, namespace: str, pod: str, container: str, argv: list[str]) -> int:
     """Run `argv` in a container of a Pod directly (no session): its exit code."""
     shell = (BUSYBOX, "sh") if container == CONTAINER else ("sh",)
-    target = Target(cluster, 4, namespace, pod, container, shell)
+    target = Target(cluster, namespace, pod, container, shell)
     result = await run_exec(
         target, argv, cwd=None, env={}, stdin=None, timeout=30, on_output=None, output_limit=4096
     )

@@ -38,7 +38,7 @@ from corral.helper.link import (
     greeted,
 )
 from corral.providers.docker import programs
-from corral.providers.docker.engine import Engine, Hijacked, call, open_stream
+from corral.providers.docker.engine import Engine, Hijacked
 from corral.providers.docker.execution import kill_tree
 from corral.providers.docker.executor import PlainExecutor
 
@@ -119,18 +119,18 @@ class Defaults:
     home: str | None
 
 
-async def container_defaults(api: Engine, tokens: int, container: str) -> Defaults:
+async def container_defaults(engine: Engine, container: str) -> Defaults:
     """The container's exec defaults; ChannelUnavailable where this corral has no helper
     for the engine's architecture (or the engine does not answer)."""
     try:
-        version: dict[str, Any] = await call(tokens, api.version)
+        version: dict[str, Any] = await engine.call(engine.api.version)
         arch = str(version.get("Arch", ""))
         if programs.helper(arch) is None:
             raise ChannelUnavailable(
                 f"this corral has no helper binary for linux/{arch or '?'} "
                 "(build it with helper/build.sh)"
             )
-        info: dict[str, Any] = await call(tokens, api.inspect_container, container)
+        info: dict[str, Any] = await engine.call(engine.api.inspect_container, container)
     except (APIError, ProviderError) as exc:
         raise ChannelUnavailable(f"starting the helper failed: {exc}") from None
     config: dict[str, Any] = info.get("Config") or {}
@@ -140,14 +140,14 @@ async def container_defaults(api: Engine, tokens: int, container: str) -> Defaul
 
 
 async def start_program(
-    api: Engine, tokens: int, container: str, argv: list[str], link: Callable[[Transport], L]
+    engine: Engine, container: str, argv: list[str], link: Callable[[Transport], L]
 ) -> L:
     """One of corral's programs in `container` as root, from the read-only copy the
     session's holder filled (nothing in the sandbox can write or replace it:
     `corral.providers.docker.programs`), over one engine exec stream; once it said hello.
     ChannelUnavailable (having cleaned up) when it cannot start or answer."""
     try:
-        stream = await open_stream(api, tokens, container, argv)
+        stream = await engine.open_stream(container, argv)
     except (APIError, ProviderError) as exc:
         raise ChannelUnavailable(f"starting {argv[0]} failed: {exc}") from None
     return await greeted(link(SocketTransport(stream)))
@@ -156,11 +156,10 @@ async def start_program(
 class ChannelExecutor(_ChannelExecutor):
     """Execs through a helper in the sandbox container; plain engine exec where it cannot."""
 
-    def __init__(self, api: Engine, tokens: int, container: str, sandbox_id: str) -> None:
-        self.api = api
-        self.tokens = tokens
+    def __init__(self, engine: Engine, container: str, sandbox_id: str) -> None:
+        self.engine = engine
         self.container = container
-        self.plain: PlainExecutor = PlainExecutor(api, tokens, container, programs.SHELL)
+        self.plain: PlainExecutor = PlainExecutor(engine, container, programs.SHELL)
         super().__init__(self.plain, sandbox_id, log)
         self._default_user = ""
         self._default_cwd = "/"
@@ -170,19 +169,18 @@ class ChannelExecutor(_ChannelExecutor):
 
     async def _kill_fallback(self, marker: str, user: str | None) -> None:
         with anyio.move_on_after(10):
-            await kill_tree(
-                self.api, self.tokens, self.container, marker, user or None, programs.SHELL
-            )
+            await kill_tree(self.engine, self.container, marker, user or None, programs.SHELL)
 
     async def _start(self, token: EventLoopToken) -> Channel:
-        defaults = await container_defaults(self.api, self.tokens, self.container)
+        defaults = await container_defaults(self.engine, self.container)
         self._default_user, self._default_cwd = defaults.user, defaults.cwd
         channel = await start_program(
-            self.api,
-            self.tokens,
+            self.engine,
             self.container,
             [programs.HELPER, programs.HELPER, "1" if defaults.home is not None else "0"],
-            lambda transport: Channel(transport, token, "docker", self.tokens, self.sandbox_id),
+            lambda transport: Channel(
+                transport, token, "docker", self.engine.tokens, self.sandbox_id
+            ),
         )
         if not channel.hello.get("can_switch_user"):
             channel.close()

@@ -39,7 +39,7 @@ from corral.network.wildcard import (
     uses_resolver,
 )
 from corral.providers.docker import programs
-from corral.providers.docker.engine import Engine, call
+from corral.providers.docker.engine import Engine, Raw
 from corral.providers.docker.execution import run_exec
 
 #: corral's resolver for allowlists that name hosts (`network.wildcard`), in the holder's
@@ -178,8 +178,7 @@ _REJECTS = r"""$1 -w 5 -nvxL "$2" | awk '$3 == "REJECT" {n += $1} END {print n+0
 
 
 async def _as_root(
-    api: Engine,
-    tokens: int,
+    engine: Engine,
     container: str,
     argv: list[str],
     env: dict[str, str] | None = None,
@@ -187,8 +186,7 @@ async def _as_root(
 ) -> ExecResult:
     """A control command of corral's own, as root, with a bounded wait."""
     return await run_exec(
-        api,
-        tokens,
+        engine,
         container,
         argv,
         env=env or {},
@@ -201,15 +199,14 @@ async def _as_root(
     )
 
 
-async def dns_servers(api: Engine, tokens: int, holder: str) -> tuple[IPAddress, ...]:
+async def dns_servers(engine: Engine, holder: str) -> tuple[IPAddress, ...]:
     """The network's resolvers, read from the holder before any sandbox joins it."""
-    result = await _as_root(api, tokens, holder, ["cat", "/etc/resolv.conf"])
+    result = await _as_root(engine, holder, ["cat", "/etc/resolv.conf"])
     return parse_resolv_conf(result.stdout)
 
 
 async def resolve_in(
-    api: Engine,
-    tokens: int,
+    engine: Engine,
     container: str,
     hosts: Sequence[str],
     *,
@@ -228,10 +225,10 @@ async def resolve_in(
         return {}
 
     async def run(argv: list[str], stdin: bytes) -> str:
-        result = await _as_root(api, tokens, container, argv, stdin=stdin)
+        result = await _as_root(engine, container, argv, stdin=stdin)
         if marked and result.returncode == 7:  # the helper is not in the holder yet
-            await install_resolver(api, tokens, container)
-            result = await _as_root(api, tokens, container, argv, stdin=stdin)
+            await install_resolver(engine, container)
+            result = await _as_root(engine, container, argv, stdin=stdin)
         if marked and result.returncode in (7, 8):
             raise ValueError(f"corral's lookup could not run: {result.stderr.strip()[-300:]}")
         if result.stdout_truncated:
@@ -270,12 +267,12 @@ class Upstream:
     image: str
     labels: dict[str, str] = field(default_factory=dict[str, str])
 
-    async def servers(self, api: Engine, tokens: int) -> tuple[IPAddress, ...]:
+    async def servers(self, engine: Engine) -> tuple[IPAddress, ...]:
         if self.configured:
             return self.configured
-        key = str(api.base_url)
+        key = str(engine.api.base_url)
         if key not in _ENGINE_RESOLVERS:
-            found = await call(tokens, _read_engine_resolvers, api, self.image, self.labels)
+            found = await engine.call(_read_engine_resolvers, engine.api, self.image, self.labels)
             if not found:
                 raise ProviderError(
                     "the engine's default bridge network gives no resolver for corral's "
@@ -285,9 +282,7 @@ class Upstream:
         return _ENGINE_RESOLVERS[key]
 
 
-def _read_engine_resolvers(
-    api: Engine, image: str, labels: dict[str, str]
-) -> tuple[IPAddress, ...]:
+def _read_engine_resolvers(api: Raw, image: str, labels: dict[str, str]) -> tuple[IPAddress, ...]:
     """The nameservers of a container on the default bridge (blocking)."""
     host_config = api.create_host_config(
         network_mode="bridge", cap_drop=["ALL"], security_opt=["no-new-privileges"]
@@ -313,8 +308,7 @@ def _read_engine_resolvers(
 
 
 async def resolve(
-    api: Engine,
-    tokens: int,
+    engine: Engine,
     container: str,
     policy: NetworkPolicy,
     *,
@@ -333,15 +327,13 @@ async def resolve(
     if uses_resolver(policy):
         if upstream is None:
             raise ProviderError(f"policy {policy} names hosts, but no upstream resolver")
-        servers = await upstream.servers(api, tokens)
+        servers = await upstream.servers(engine)
         names = NameSets.fresh(servers)
         answers = await resolve_in(
-            api, tokens, container, hostnames, servers=servers, static=extra_hosts, marked=True
+            engine, container, hostnames, servers=servers, static=extra_hosts, marked=True
         )
     else:
-        answers = await resolve_in(
-            api, tokens, container, hostnames, servers=dns, static=extra_hosts
-        )
+        answers = await resolve_in(engine, container, hostnames, servers=dns, static=extra_hosts)
 
     async def lookup(host: str) -> tuple[IPAddress, ...]:
         answer = answers.get(host)
@@ -357,8 +349,7 @@ async def resolve(
 
 
 async def apply_policy(
-    api: Engine,
-    tokens: int,
+    engine: Engine,
     holder: str,
     policy: NetworkPolicy,
     resolved: Resolution,
@@ -404,10 +395,10 @@ async def apply_policy(
         "CORRAL_PROBE_PORT": str(DISCARD_PORT if probe is None else probe[1]),
         "CORRAL_PROBE_TABLES": "ip6tables" if probe and probe[0].version == 6 else "iptables",
     }
-    result = await _as_root(api, tokens, holder, ["sh", "-c", _APPLY], env)
+    result = await _as_root(engine, holder, ["sh", "-c", _APPLY], env)
     if result.returncode == 7:  # corral's resolver is not in this holder yet: nothing changed
-        await install_resolver(api, tokens, holder)
-        result = await _as_root(api, tokens, holder, ["sh", "-c", _APPLY], env)
+        await install_resolver(engine, holder)
+        result = await _as_root(engine, holder, ["sh", "-c", _APPLY], env)
     if result.returncode != 0:
         raise ProviderError(
             f"applying network policy {policy} failed (exit {result.returncode}): "
@@ -426,9 +417,9 @@ async def apply_policy(
             )
 
 
-async def install_resolver(api: Engine, tokens: int, holder: str) -> None:
+async def install_resolver(engine: Engine, holder: str) -> None:
     """corral's helper into the holder's own filesystem as DNS_DIR/resolver."""
-    version: dict[str, Any] = await call(tokens, api.version)
+    version: dict[str, Any] = await engine.call(engine.api.version)
     binary = helper_binary(str(version.get("Arch", "")))
     if binary is None:
         raise ProviderError(
@@ -437,7 +428,7 @@ async def install_resolver(api: Engine, tokens: int, holder: str) -> None:
         )
     archive = await anyio.to_thread.run_sync(_resolver_archive, binary.read_bytes())
     try:
-        await call(tokens, api.put_archive, holder, "/", archive)
+        await engine.call(engine.api.put_archive, holder, "/", archive)
     except APIError as exc:
         raise ProviderError(f"putting corral's resolver into the holder failed: {exc}") from None
 
@@ -454,13 +445,11 @@ def _resolver_archive(data: bytes) -> bytes:
     return out.getvalue()
 
 
-async def policy_in_force(
-    api: Engine, tokens: int, holder: str
-) -> tuple[PolicyRecord, Phase | None]:
+async def policy_in_force(engine: Engine, holder: str) -> tuple[PolicyRecord, Phase | None]:
     """The record `apply_policy` last left in the holder's namespace, read from the kernel
     with the holder's own tools; both families must carry the same one. With it, the
     phase its refusals are stamped with."""
-    result = await _as_root(api, tokens, holder, ["sh", "-c", _SAVED])
+    result = await _as_root(engine, holder, ["sh", "-c", _SAVED])
     v4, _, v6 = result.stdout.partition("#corral-ipv6")
     try:
         if result.returncode != 0 or result.stdout_truncated:
@@ -476,17 +465,16 @@ async def policy_in_force(
     return record, phase
 
 
-async def _rejects(api: Engine, tokens: int, holder: str, version: int) -> int:
+async def _rejects(engine: Engine, holder: str, version: int) -> int:
     tables = "ip6tables" if version == 6 else "iptables"
-    result = await _as_root(api, tokens, holder, ["sh", "-c", _REJECTS, "sh", tables, CHAIN])
+    result = await _as_root(engine, holder, ["sh", "-c", _REJECTS, "sh", tables, CHAIN])
     if result.returncode != 0:
         raise ProviderError(f"reading corral's REJECT counters failed: {result.stderr.strip()}")
     return int(result.stdout.strip() or 0)
 
 
 async def probe_from_sandbox(
-    api: Engine,
-    tokens: int,
+    engine: Engine,
     holder: str,
     sandbox: str,
     probe: tuple[IPAddress, int],
@@ -502,14 +490,14 @@ async def probe_from_sandbox(
     raise without going through corral's rules; a probe that could not run fails closed.
     """
     host, port = probe
-    before = await _rejects(api, tokens, holder, host.version)
+    before = await _rejects(engine, holder, host.version)
     if events is not None:
         events.expect_own(host, port)
     # corral's busybox from the read-only programs volume, not anything of the image's.
     dial = await _as_root(
-        api, tokens, sandbox, [programs.BUSYBOX, "nc", "-w", "2", str(host), str(port)]
+        engine, sandbox, [programs.BUSYBOX, "nc", "-w", "2", str(host), str(port)]
     )
-    after = await _rejects(api, tokens, holder, host.version)
+    after = await _rejects(engine, holder, host.version)
     if dial.returncode == 0:
         raise NetworkPolicyNotEnforced(
             f"a connection from the sandbox (runtime {runtime!r}) to {host}:{port}, which the "

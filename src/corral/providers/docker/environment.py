@@ -80,7 +80,7 @@ from corral.providers.docker.enforcement import (
     policy_in_force,
     resolve,
 )
-from corral.providers.docker.engine import Engine, call, connect, idempotent
+from corral.providers.docker.engine import Engine, Raw, connect
 from corral.providers.docker.events import EventFeed, EventsUnavailable, start_reader
 from corral.providers.docker.pool import Pooling, WarmPool, collect_idle
 from corral.providers.docker.resources import (
@@ -158,7 +158,7 @@ class DockerEnvironment(BaseEnvironment):
 
     def __init__(self, config: DockerConfig | None = None, **params: Any) -> None:
         super().__init__(config, **params)
-        self._client: Engine | None = None
+        self._engine: Engine | None = None
         self._pool: WarmPool | None = None
         self._verified_runtimes: set[str] = set()
         self._engine_arch: str | None = None
@@ -166,7 +166,7 @@ class DockerEnvironment(BaseEnvironment):
     @classmethod
     def engine_answers(cls) -> bool:
         try:
-            client: Engine = docker.from_env(timeout=3)
+            client: Raw = docker.from_env(timeout=3)
             client.ping()
             client.close()
         except (DockerException, OSError):
@@ -177,36 +177,38 @@ class DockerEnvironment(BaseEnvironment):
         return "corral.local/test:bookworm"
 
     def _release(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
 
-    async def client(self) -> Engine:
-        if self._client is None:
-            client = await anyio.to_thread.run_sync(connect, self.config)
+    async def engine(self) -> Engine:
+        """The engine's client, connected (and pinged) on first use."""
+        if self._engine is None:
+            engine = Engine(
+                await anyio.to_thread.run_sync(connect, self.config), self.config.max_workers
+            )
             try:
-                await idempotent(self.config.max_workers, client.ping)
+                await engine.idempotent(engine.api.ping)
             except (DockerException, OSError) as exc:
-                client.close()
+                engine.close()
                 raise ProviderError(
-                    f"the Docker Engine at {client.api.base_url} does not answer: {exc}"
+                    f"the Docker Engine at {engine.api.base_url} does not answer: {exc}"
                 ) from None
-            self._client = client
-        return self._client
+            self._engine = engine
+        return self._engine
 
-    async def _arch(self, client: Engine) -> str:
+    async def _arch(self, engine: Engine) -> str:
         """The engine's architecture (`docker version`), asked once."""
         if self._engine_arch is None:
-            version: dict[str, Any] = await idempotent(self.config.max_workers, client.api.version)
+            version: dict[str, Any] = await engine.idempotent(engine.api.version)
             self._engine_arch = str(version.get("Arch", ""))
         return self._engine_arch
 
-    async def _ensure_image(self, client: Engine, image: str) -> None:
-        tokens = self.config.max_workers
+    async def _ensure_image(self, engine: Engine, image: str) -> None:
         policy = self.config.pull_policy
         if policy != "always":
             try:
-                await idempotent(tokens, client.api.inspect_image, image)
+                await engine.idempotent(engine.api.inspect_image, image)
                 return
             except ImageNotFound:
                 if policy == "never":
@@ -220,23 +222,22 @@ class DockerEnvironment(BaseEnvironment):
                 "password": self.config.registry_password.get_secret_value(),
             }
         try:
-            await call(tokens, client.images.pull, image, auth_config=auth)
+            await engine.call(engine.client.images.pull, image, auth_config=auth)
         except (APIError, DockerException) as exc:
             reason = getattr(exc, "explanation", None) or type(exc).__name__
             raise ConfigError(f"image {image!r} is not available: {reason}") from None
 
-    async def _image(self, client: Engine, plan: ExecutionPlan) -> str:
+    async def _image(self, engine: Engine, plan: ExecutionPlan) -> str:
         chosen = plan.require_image(self.id)
         if isinstance(chosen, str):
-            await self._ensure_image(client, chosen)
+            await self._ensure_image(engine, chosen)
             return chosen
-        return await self._native_image(client, chosen)
+        return await self._native_image(engine, chosen)
 
-    async def _native_image(self, client: Engine, native: dict[str, Any]) -> str:
-        tokens = self.config.max_workers
+    async def _native_image(self, engine: Engine, native: dict[str, Any]) -> str:
         if set(native) == {"image_id"}:
             try:
-                await idempotent(tokens, client.api.inspect_image, native["image_id"])
+                await engine.idempotent(engine.api.inspect_image, native["image_id"])
             except ImageNotFound:
                 raise ConfigError(f"native image_id {native['image_id']!r} not found") from None
             return str(native["image_id"])
@@ -244,9 +245,8 @@ class DockerEnvironment(BaseEnvironment):
             key = hashlib.sha256(json.dumps(native, sort_keys=True).encode()).hexdigest()[:16]
             tag = f"corral-build:{key}"
             try:
-                await call(
-                    tokens,
-                    client.images.build,
+                await engine.call(
+                    engine.client.images.build,
                     path=str(native["build_context"]),
                     dockerfile=native.get("dockerfile"),
                     tag=tag,
@@ -317,7 +317,7 @@ class DockerEnvironment(BaseEnvironment):
         session_id: str | None,
     ) -> DockerSession:
         cfg = self.config
-        client = await self.client()
+        engine = await self.engine()
         sid = session_id or new_session_id()
         lifetime = plan.timeouts.max_lifetime_s or cfg.default_lifetime_s
         extra = {**cfg.labels, **plan.labels}
@@ -329,30 +329,30 @@ class DockerEnvironment(BaseEnvironment):
         if plan.services:
             extra[SERVICES] = ",".join(plan.services)
         labels = session_labels(cfg.owner, sid, lifetime, extra)
-        image = await self._image(client, plan)
-        await self._ensure_image(client, cfg.holder_image)
+        image = await self._image(engine, plan)
+        await self._ensure_image(engine, cfg.holder_image)
         for spec in plan.services.values():
-            await self._ensure_image(client, spec.image)
-        network = await self._make_network(client, owned, sid, labels)
+            await self._ensure_image(engine, spec.image)
+        network = await self._make_network(engine, owned, sid, labels)
         volume = programs_volume(sid)
-        owned.push_async_callback(remove_volume, client, cfg.max_workers, volume, sid)
-        await create_volume(client, cfg.max_workers, volume, labels)
-        holder = await self._start_holder(client, owned, sid, network, volume, labels, holder_names)
-        await programs.fill(client, cfg.max_workers, holder, await self._arch(client))
+        owned.push_async_callback(remove_volume, engine, volume, sid)
+        await create_volume(engine, volume, labels)
+        holder = await self._start_holder(engine, owned, sid, network, volume, labels, holder_names)
+        await programs.fill(engine, holder, await self._arch(engine))
         # Before any rule logs: every refusal from the baseline's on is read.
-        feed = await self._start_events(client, owned, sid, holder["Id"])
-        dns = await dns_servers(client.api, cfg.max_workers, holder["Id"])
+        feed = await self._start_events(engine, owned, sid, holder["Id"])
+        dns = await dns_servers(engine, holder["Id"])
         phase_of: list[DockerSession] = []  # the session, once there is one
-        proxy = await self._start_proxy(client, owned, sid, holder, plan, phase_of)
+        proxy = await self._start_proxy(engine, owned, sid, holder, plan, phase_of)
         endpoints = () if proxy is None else ((_gateway(holder, sid), proxy.port),)
         baseline = await self._apply_baseline(
-            client, sid, holder, plan.network.baseline, dns, feed.log, labels, plan, endpoints
+            engine, sid, holder, plan.network.baseline, dns, feed.log, labels, plan, endpoints
         )
         if proxy is not None:  # the sandbox gets the routes' URLs, never their headers
             plan = plan.model_copy(update={"env": {**plan.env, **proxy.env()}})
-        sandbox = await self._start_sandbox(client, owned, sid, holder["Id"], image, plan, labels)
+        sandbox = await self._start_sandbox(engine, owned, sid, holder["Id"], image, plan, labels)
         session = self._session(
-            client,
+            engine,
             holder,
             sandbox,
             policy=plan.network.baseline,
@@ -372,27 +372,26 @@ class DockerEnvironment(BaseEnvironment):
             await session.check_runtime(plan.network.baseline)
         except NetworkPolicyNotEnforced as exc:
             raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
-        await self._start_services(client, owned, session, plan, labels)
+        await self._start_services(engine, owned, session, plan, labels)
         return session
 
     async def _make_network(
-        self, client: Engine, owned: AsyncExitStack, sid: str, labels: dict[str, str]
+        self, engine: Engine, owned: AsyncExitStack, sid: str, labels: dict[str, str]
     ) -> str:
         """The session's own bridge network; returns its id."""
         cfg = self.config
-        tokens = cfg.max_workers
         name = network_name(sid)
         for _ in range(16):
             subnet = pick_subnet(cfg.address_pool, cfg.network_prefix_len)
             owned.callback(release_subnet, subnet)
             # By name until the engine answers with an id: a create cut short may land.
             undo = _withdrawable(owned)
-            undo.push_async_callback(remove_network, client, tokens, name, sid)
+            undo.push_async_callback(remove_network, engine, name, sid)
             lock = _creating.setdefault(name, anyio.Lock())
             try:
                 async with lock:
                     created = await create_network(
-                        client, tokens, name, labels, subnet, pick_subnet6(cfg.ipv6_pool)
+                        engine, name, labels, subnet, pick_subnet6(cfg.ipv6_pool)
                     )
             except SubnetTaken:
                 undo.pop_all()
@@ -403,13 +402,13 @@ class DockerEnvironment(BaseEnvironment):
             # Opens of one id in two processes at once may both create a network of this
             # name: from here on, only this one is ours.
             undo.pop_all()
-            owned.push_async_callback(remove_network, client, tokens, created["Id"], sid)
+            owned.push_async_callback(remove_network, engine, created["Id"], sid)
             return str(created["Id"])
         raise ProviderError(f"no free subnet in address_pool {cfg.address_pool}")
 
     async def _start_holder(
         self,
-        client: Engine,
+        engine: Engine,
         owned: AsyncExitStack,
         sid: str,
         network: str,
@@ -420,11 +419,10 @@ class DockerEnvironment(BaseEnvironment):
         """The holder on `network` (an id: its name may be repeated), with the programs
         `volume` writable, started; inspected."""
         cfg = self.config
-        tokens = cfg.max_workers
         undo = _withdrawable(owned)
         for name in names:
-            undo.push_async_callback(remove_container, client, tokens, name, sid)
-        host_config = client.api.create_host_config(
+            undo.push_async_callback(remove_container, engine, name, sid)
+        host_config = engine.api.create_host_config(
             network_mode=network,
             cap_drop=["ALL"],
             # NET_RAW: iptables' set match (allowlists naming hosts) looks sets up over a raw
@@ -439,9 +437,8 @@ class DockerEnvironment(BaseEnvironment):
             pids_limit=HOLDER_PIDS,
         )
         try:
-            await call(
-                tokens,
-                client.api.create_container,
+            await engine.call(
+                engine.api.create_container,
                 cfg.holder_image,
                 sleep_until(labels[EXPIRES_AT]),
                 name=names[0],
@@ -456,20 +453,18 @@ class DockerEnvironment(BaseEnvironment):
             raise ProviderError(
                 f"creating the holder from image {cfg.holder_image!r} failed: {exc}"
             ) from None
-        await _network_unique(client, tokens, network_name(sid))
+        await _network_unique(engine, network_name(sid))
         try:
-            await call(tokens, client.api.start, names[0])
+            await engine.call(engine.api.start, names[0])
         except APIError as exc:
             raise ProviderError(
                 f"starting the holder from image {cfg.holder_image!r} failed: {exc}"
             ) from None
-        return await _running(
-            client, tokens, names[0], labels, f"holder from image {cfg.holder_image!r}"
-        )
+        return await _running(engine, names[0], labels, f"holder from image {cfg.holder_image!r}")
 
     async def _start_proxy(
         self,
-        client: Engine,
+        engine: Engine,
         owned: AsyncExitStack,
         sid: str,
         holder: dict[str, Any],
@@ -480,11 +475,11 @@ class DockerEnvironment(BaseEnvironment):
         host's side of the bridge), to the sandbox's address only; None without routes."""
         if not plan.credentials:
             return None
-        if not client.api.base_url.startswith("http+docker://"):
+        if not engine.api.base_url.startswith("http+docker://"):
             raise FeatureUnsupported(
                 f"credentials (the plan routes {', '.join(plan.credentials)}) need the Docker "
                 f"Engine on this host (corral's proxy serves on the session network's gateway); "
-                f"this one is {client.api.base_url}"
+                f"this one is {engine.api.base_url}"
             )
         endpoint = _network(holder, sid)
         proxy = CredentialProxy(
@@ -499,7 +494,7 @@ class DockerEnvironment(BaseEnvironment):
         return proxy
 
     async def _start_events(
-        self, client: Engine, owned: AsyncExitStack, sid: str, holder: str
+        self, engine: Engine, owned: AsyncExitStack, sid: str, holder: str
     ) -> EventFeed:
         """The denied-egress reader in the holder, stopped with the session, or why there
         is none (logged: a sandbox without events still works)."""
@@ -507,7 +502,7 @@ class DockerEnvironment(BaseEnvironment):
         if not self.config.network_events:
             return EventFeed(events, None, "turned off (network_events=False)")
         try:
-            reader = await start_reader(client.api, self.config.max_workers, holder, events, sid)
+            reader = await start_reader(engine, holder, events, sid)
         except EventsUnavailable as exc:
             event(log, "warning", "network events unavailable", sandbox=sid, reason=str(exc))
             return EventFeed(events, None, str(exc))
@@ -516,7 +511,7 @@ class DockerEnvironment(BaseEnvironment):
 
     async def _apply_baseline(
         self,
-        client: Engine,
+        engine: Engine,
         sid: str,
         holder: dict[str, Any],
         policy: NetworkPolicy,
@@ -530,7 +525,6 @@ class DockerEnvironment(BaseEnvironment):
         (and corral's resolver bound, if any phase's allowlist names a host: see
         network.wildcard)."""
         cfg = self.config
-        tokens = cfg.max_workers
         upstream = Upstream(
             tuple(ipaddress.ip_address(a) for a in cfg.upstream_dns_servers or ()) or None,
             cfg.holder_image,
@@ -540,10 +534,9 @@ class DockerEnvironment(BaseEnvironment):
         if start_resolver:
             # A fresh holder has no resolver binary yet: put it in at once rather than
             # after a refused first try (corral's lookups need it too).
-            await install_resolver(client.api, tokens, holder["Id"])
+            await install_resolver(engine, holder["Id"])
         resolved = await resolve(
-            client.api,
-            tokens,
+            engine,
             holder["Id"],
             policy,
             dns=dns,
@@ -552,8 +545,7 @@ class DockerEnvironment(BaseEnvironment):
         )
         try:
             await apply_policy(
-                client.api,
-                tokens,
+                engine,
                 holder["Id"],
                 policy,
                 resolved,
@@ -569,7 +561,7 @@ class DockerEnvironment(BaseEnvironment):
 
     async def _start_sandbox(
         self,
-        client: Engine,
+        engine: Engine,
         owned: AsyncExitStack,
         sid: str,
         holder_id: str,
@@ -579,10 +571,9 @@ class DockerEnvironment(BaseEnvironment):
     ) -> dict[str, Any]:
         """The sandbox container in the holder's namespace, started; inspected."""
         cfg = self.config
-        tokens = cfg.max_workers
         sandbox = sandbox_name(sid)
-        owned.push_async_callback(remove_container, client, tokens, sandbox, sid)
-        host_config = client.api.create_host_config(
+        owned.push_async_callback(remove_container, engine, sandbox, sid)
+        host_config = engine.api.create_host_config(
             network_mode=f"container:{holder_id}",
             cap_drop=["ALL"],
             cap_add=[*cfg.capabilities, *cfg.unsafe_capabilities] or None,
@@ -599,9 +590,8 @@ class DockerEnvironment(BaseEnvironment):
             **resource_limits(plan.resources, cfg),
         )
         try:
-            await call(
-                tokens,
-                client.api.create_container,
+            await engine.call(
+                engine.api.create_container,
                 image,
                 plan.command,
                 entrypoint=None if plan.command else programs.main_process(labels[EXPIRES_AT]),
@@ -616,14 +606,13 @@ class DockerEnvironment(BaseEnvironment):
                 user=cfg.user if plan.command else None,
                 host_config=host_config,
             )
-            await call(tokens, client.api.start, sandbox)
+            await engine.call(engine.api.start, sandbox)
         except APIError as exc:
             raise ProviderError(
                 f"starting the sandbox from image {image!r} failed: {exc}"
             ) from None
         return await _running(
-            client,
-            tokens,
+            engine,
             sandbox,
             labels,
             f"sandbox from image {image!r}",
@@ -632,7 +621,7 @@ class DockerEnvironment(BaseEnvironment):
 
     async def _start_services(
         self,
-        client: Engine,
+        engine: Engine,
         owned: AsyncExitStack,
         session: DockerSession,
         plan: ExecutionPlan,
@@ -640,23 +629,22 @@ class DockerEnvironment(BaseEnvironment):
     ) -> None:
         """The plan's services in the holder's namespace (`services`), under the policy in
         force, started; returns once each with a healthcheck passed it."""
-        tokens = self.config.max_workers
         sid = session.id
         for name, service in plan.services.items():
             spec = service_container(sid, name, service, session.holder, labels, self.config)
-            owned.push_async_callback(remove_container, client, tokens, spec.name, sid)
-            info = await start_service(client, tokens, spec, service, sid)
+            owned.push_async_callback(remove_container, engine, spec.name, sid)
+            info = await start_service(engine, spec, service, sid)
             session.add_service(name, info)
             event(log, "info", "service started", sandbox=sid, service=name, image=spec.image)
         await wait_healthy(session, plan.services)
         # Healthy, or without a check: each must still run when open() returns.
         for name, service in plan.services.items():
             container = session.service_containers[name].id
-            await running_service(client, tokens, container, service, sid)
+            await running_service(engine, container, service, sid)
 
     def _session(
         self,
-        client: Engine,
+        engine: Engine,
         holder: dict[str, Any],
         sandbox: dict[str, Any],
         *,
@@ -676,8 +664,7 @@ class DockerEnvironment(BaseEnvironment):
         session = DockerSession(
             id=sid,
             policy=policy,
-            client=client,
-            tokens=cfg.max_workers,
+            engine=engine,
             holder=holder["Id"],
             sandbox=sandbox["Id"],
             network=_network(holder, sid)["NetworkID"],
@@ -690,7 +677,7 @@ class DockerEnvironment(BaseEnvironment):
                 for key, bindings in ports.items()
                 if bindings
             },
-            local_engine=client.api.base_url.startswith("http+docker://"),
+            local_engine=engine.api.base_url.startswith("http+docker://"),
             user=cfg.user,
             output_limit=cfg.output_limit_bytes,
             default_timeout=default_timeout,
@@ -718,22 +705,21 @@ class DockerEnvironment(BaseEnvironment):
     async def _reattach(self, session_id: str) -> tuple[EnvironmentSession, AsyncExitStack] | None:
         """The live sandbox `session_id` of this owner, with the policy the holder's
         namespace enforces, read back from the kernel (never from this process's memory)."""
-        client = await self.client()
-        tokens = self.config.max_workers
-        pair = await live_pair(client, tokens, self.config.owner, session_id)
+        engine = await self.engine()
+        pair = await live_pair(engine, self.config.owner, session_id)
         if pair is None:
             return None
         holder, sandbox = pair
-        record, phase = await policy_in_force(client.api, tokens, holder["Id"])
+        record, phase = await policy_in_force(engine, holder["Id"])
         labels = {k: v for k, v in holder["Config"]["Labels"].items() if k != ROLE}
-        services = await find_services(client, tokens, self.config.owner, session_id, holder["Id"])
+        services = await find_services(engine, self.config.owner, session_id, holder["Id"])
         # From now on: what was refused before this process found the sandbox went with
         # the reader of the process that had it.
         readers = AsyncExitStack()
-        feed = await self._start_events(client, readers, session_id, holder["Id"])
+        feed = await self._start_events(engine, readers, session_id, holder["Id"])
         try:
             session = self._session(
-                client,
+                engine,
                 holder,
                 sandbox,
                 policy=record.policy,
@@ -752,14 +738,12 @@ class DockerEnvironment(BaseEnvironment):
                 await readers.aclose()
             raise
         owned = AsyncExitStack()
-        owned.push_async_callback(remove_network, client, tokens, session.network, session_id)
-        owned.push_async_callback(
-            remove_volume, client, tokens, programs_volume(session_id), session_id
-        )
-        owned.push_async_callback(remove_container, client, tokens, holder["Id"], session_id)
-        owned.push_async_callback(remove_container, client, tokens, sandbox["Id"], session_id)
+        owned.push_async_callback(remove_network, engine, session.network, session_id)
+        owned.push_async_callback(remove_volume, engine, programs_volume(session_id), session_id)
+        owned.push_async_callback(remove_container, engine, holder["Id"], session_id)
+        owned.push_async_callback(remove_container, engine, sandbox["Id"], session_id)
         for info in services.values():
-            owned.push_async_callback(remove_container, client, tokens, info["Id"], session_id)
+            owned.push_async_callback(remove_container, engine, info["Id"], session_id)
         owned.push_async_callback(readers.aclose)
         owned.push_async_callback(session.executor.aclose)
         owned.push_async_callback(session.procs.aclose)
@@ -767,46 +751,45 @@ class DockerEnvironment(BaseEnvironment):
 
     async def _from_snapshot(self, ref: SnapshotRef, plan: ExecutionPlan) -> ExecutionPlan:
         """The plan, opening from `ref`'s image (its own env, command and policies kept)."""
-        client = await self.client()
-        image_id = await snapshots.find(client, self.config.max_workers, self.config.owner, ref)
+        engine = await self.engine()
+        image_id = await snapshots.find(engine, self.config.owner, ref)
         return plan.model_copy(update={"native": {"image_id": image_id}})
 
     async def _discard_snapshot(self, ref: SnapshotRef) -> None:
-        client = await self.client()
-        await snapshots.discard(client, self.config.max_workers, self.config.owner, ref)
+        engine = await self.engine()
+        await snapshots.discard(engine, self.config.owner, ref)
 
     async def gc(self) -> list[str]:
         """Remove idle pooled sandboxes past their idle age, then expired snapshot images,
         containers, networks and volumes, all carrying this owner's labels."""
-        client = await self.client()
-        tokens = self.config.max_workers
+        engine = await self.engine()
         owner = self.config.owner
         now = time.time()
-        removed = await collect_idle(client, tokens, owner, now)
-        removed += await snapshots.collect_expired(client, tokens, owner, now)
-        containers: list[dict[str, Any]] = await idempotent(
-            tokens, client.api.containers, all=True, filters={"label": f"{OWNER}={owner}"}
+        removed = await collect_idle(engine, owner, now)
+        removed += await snapshots.collect_expired(engine, owner, now)
+        containers: list[dict[str, Any]] = await engine.idempotent(
+            engine.api.containers, all=True, filters={"label": f"{OWNER}={owner}"}
         )
         for item in containers:
             if is_expired(item.get("Labels") or {}, owner, now):
-                await discard_container(client, tokens, item["Id"])
+                await discard_container(engine, item["Id"])
                 removed.append(f"container {item['Names'][0].lstrip('/')}")
-        networks: list[dict[str, Any]] = await idempotent(
-            tokens, client.api.networks, filters={"label": f"{OWNER}={owner}"}
+        networks: list[dict[str, Any]] = await engine.idempotent(
+            engine.api.networks, filters={"label": f"{OWNER}={owner}"}
         )
         for item in networks:
             if is_expired(item.get("Labels") or {}, owner, now):
                 with contextlib.suppress(NotFound):
-                    await idempotent(tokens, client.api.remove_network, item["Id"])
+                    await engine.idempotent(engine.api.remove_network, item["Id"])
                     removed.append(f"network {item['Name']}")
-        answer: dict[str, Any] = await idempotent(
-            tokens, client.api.volumes, filters={"label": f"{OWNER}={owner}"}
+        answer: dict[str, Any] = await engine.idempotent(
+            engine.api.volumes, filters={"label": f"{OWNER}={owner}"}
         )
         volumes: list[dict[str, Any]] = answer.get("Volumes") or []
         for item in volumes:
             if is_expired(item.get("Labels") or {}, owner, now):
                 with contextlib.suppress(NotFound):
-                    await idempotent(tokens, client.api.remove_volume, item["Name"], force=True)
+                    await engine.idempotent(engine.api.remove_volume, item["Name"], force=True)
                     removed.append(f"volume {item['Name']}")
         return removed
 
@@ -819,7 +802,7 @@ def _withdrawable(owned: AsyncExitStack) -> AsyncExitStack:
     return stack
 
 
-async def _network_unique(client: Engine, tokens: int, name: str) -> None:
+async def _network_unique(engine: Engine, name: str) -> None:
     """Wait until `name` names one network only.
 
     Opens of one chosen id in two processes at once may both create its network (see
@@ -829,7 +812,7 @@ async def _network_unique(client: Engine, tokens: int, name: str) -> None:
     still make that start fail: an error, never a second sandbox.
     """
     for _ in range(UNIQUE_TRIES):
-        listed: list[dict[str, Any]] = await idempotent(tokens, client.api.networks, names=[name])
+        listed: list[dict[str, Any]] = await engine.idempotent(engine.api.networks, names=[name])
         if sum(item["Name"] == name for item in listed) <= 1:
             return
         await anyio.sleep(0.2)
@@ -846,8 +829,7 @@ def _gateway(holder: dict[str, Any], sid: str) -> IPAddress:
 
 
 async def _running(
-    client: Engine,
-    tokens: int,
+    engine: Engine,
     name: str,
     labels: dict[str, str],
     what: str,
@@ -855,7 +837,7 @@ async def _running(
 ) -> dict[str, Any]:
     """The started container `name`, or a ProviderError saying why it already ended."""
     try:
-        info: dict[str, Any] = await idempotent(tokens, client.api.inspect_container, name)
+        info: dict[str, Any] = await engine.idempotent(engine.api.inspect_container, name)
         state: dict[str, Any] = info["State"]
     except NotFound:  # it ended and the engine removed it (auto-remove)
         info, state = {}, {}

@@ -30,7 +30,7 @@ from corral.core.logs import event
 from corral.errors import ProviderError
 from corral.helper import helper_archive, helper_binary
 from corral.network.events import NFLOG_GROUP, EventLog
-from corral.providers.docker.engine import Engine, Hijacked, call, open_stream
+from corral.providers.docker.engine import Engine, Hijacked
 
 log = logging.getLogger("corral.docker.events")
 
@@ -133,12 +133,12 @@ class EventReader:
 
 
 async def start_reader(
-    api: Engine, tokens: int, holder: str, events: EventLog, session_id: str
+    engine: Engine, holder: str, events: EventLog, session_id: str
 ) -> EventReader:
     """Copy corral's helper into the holder, start it as the NFLOG reader, wait until it
     has bound the group. Raises `EventsUnavailable`."""
     try:
-        version: dict[str, Any] = await call(tokens, api.version)
+        version: dict[str, Any] = await engine.call(engine.api.version)
         arch = str(version.get("Arch", ""))
         binary = helper_binary(arch)
         if binary is None:
@@ -148,8 +148,8 @@ async def start_reader(
             )
         path = f"/.corral-events-{secrets.token_hex(8)}"
         archive = await anyio.to_thread.run_sync(helper_archive, binary, path[1:])
-        await call(tokens, api.put_archive, holder, "/", archive)
-        stream = await open_stream(api, tokens, holder, [path, "--nflog", path, str(NFLOG_GROUP)])
+        await engine.call(engine.api.put_archive, holder, "/", archive)
+        stream = await engine.open_stream(holder, [path, "--nflog", path, str(NFLOG_GROUP)])
     except (APIError, ProviderError) as exc:
         raise EventsUnavailable(f"starting the reader in the holder failed: {exc}") from None
     reader = EventReader(stream, events, session_id)

@@ -19,14 +19,13 @@ from corral.core.capture import Capture
 from corral.core.markers import MARKER, kill_tree_argv, new_marker
 from corral.core.session import TIMEOUT_RETURNCODE, ExecResult, OutputCallback, Stream
 from corral.errors import ProviderError
-from corral.providers.docker.engine import Engine, Hijacked, call, idempotent
+from corral.providers.docker.engine import Engine, Hijacked
 
 _STREAMS: dict[int, Stream] = {1: "stdout", 2: "stderr"}
 
 
 async def run_exec(
-    api: Engine,
-    tokens: int,
+    engine: Engine,
     container: str,
     args: list[str],
     *,
@@ -44,25 +43,18 @@ async def run_exec(
     capture = Capture(output_limit, on_output)
     marker = new_marker()
     try:
-        created: dict[str, Any] = await call(
-            tokens,
-            api.exec_create,
+        exec_id, stream = await engine.exec_stream(
             container,
             args,
-            stdout=True,
-            stderr=True,
             stdin=stdin is not None,
-            environment={**env, MARKER: marker},
-            workdir=workdir,
             user=user or "",
+            workdir=workdir,
+            environment={**env, MARKER: marker},
         )
-        exec_id: str = created["Id"]
-        raw: Any = await call(tokens, api.exec_start, exec_id, socket=True)
     except NotFound as exc:
         raise ProviderError(f"sandbox container {container[:12]} is gone: {exc}") from None
     except APIError as exc:
         raise ProviderError(f"exec in {container[:12]} failed: {exc}") from None
-    stream = Hijacked(raw)
     sock = stream.sock
     timed_out = False
     finished = False
@@ -80,14 +72,13 @@ async def run_exec(
         with anyio.CancelScope(shield=True):
             stream.close()
             if not finished:
-                await kill_tree(api, tokens, container, marker, user, shell)
-    returncode = TIMEOUT_RETURNCODE if timed_out else await _exit_code(api, tokens, exec_id)
+                await kill_tree(engine, container, marker, user, shell)
+    returncode = TIMEOUT_RETURNCODE if timed_out else await _exit_code(engine, exec_id)
     return capture.result(returncode, timed_out=timed_out)
 
 
 async def kill_tree(
-    api: Engine,
-    tokens: int,
+    engine: Engine,
     container: str,
     marker: str,
     user: str | None,
@@ -101,19 +92,19 @@ async def kill_tree(
     configured user is not root, CAP_KILL.
     """
     try:
-        created: dict[str, Any] = await call(
-            tokens, api.exec_create, container, kill_tree_argv(marker, shell), user=user or ""
+        created: dict[str, Any] = await engine.call(
+            engine.api.exec_create, container, kill_tree_argv(marker, shell), user=user or ""
         )
-        await call(tokens, api.exec_start, created["Id"])
+        await engine.call(engine.api.exec_start, created["Id"])
     except APIError:
         pass  # the container is gone, and the tree with it
 
 
-async def _exit_code(api: Engine, tokens: int, exec_id: str) -> int | None:
+async def _exit_code(engine: Engine, exec_id: str) -> int | None:
     # The stream can close a moment before the engine records the exit.
     for _ in range(50):
         try:
-            info: dict[str, Any] = await idempotent(tokens, api.exec_inspect, exec_id)
+            info: dict[str, Any] = await engine.idempotent(engine.api.exec_inspect, exec_id)
         except APIError as exc:
             raise ProviderError(f"exec {exec_id[:12]}: exec_inspect failed: {exc}") from None
         if not info.get("Running") and info.get("ExitCode") is not None:

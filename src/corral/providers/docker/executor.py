@@ -21,18 +21,14 @@ __all__ = ["Executor", "PlainExecutor"]
 class PlainExecutor(Stateless):
     """One engine exec per command; `shell` kills a timed-out one's tree (`kill_tree`)."""
 
-    def __init__(
-        self, api: Engine, tokens: int, container: str, shell: tuple[str, ...] = ("sh",)
-    ) -> None:
-        self.api = api
-        self.tokens = tokens
+    def __init__(self, engine: Engine, container: str, shell: tuple[str, ...] = ("sh",)) -> None:
+        self.engine = engine
         self.container = container
         self.shell = shell
 
     async def run(self, request: ExecRequest) -> ExecResult:
         return await run_exec(
-            self.api,
-            self.tokens,
+            self.engine,
             self.container,
             list(request.args),
             env=request.env,

@@ -16,9 +16,7 @@ this check and the write; the engine's chroot keeps such a write inside the cont
 
 from __future__ import annotations
 
-import base64
 import io
-import json
 import posixpath
 import tarfile
 from dataclasses import dataclass
@@ -28,7 +26,7 @@ from typing import Any
 from docker.errors import APIError, NotFound
 
 from corral.errors import ProviderError, UnsafeArchiveMember
-from corral.providers.docker.engine import call
+from corral.providers.docker.engine import Engine
 
 # Go's os.FileMode bits, in which the engine reports the mode of a path.
 _MODE_SYMLINK = 1 << 27
@@ -43,8 +41,7 @@ _KERNEL_MOUNTS = ("/dev", "/proc", "/sys")
 class SandboxFiles:
     """The engine's view of one container's files."""
 
-    api: Any
-    tokens: int
+    engine: Engine
     container: str
 
     async def resolve(self, path: str) -> str | None:
@@ -78,38 +75,29 @@ class SandboxFiles:
     async def lstat(self, path: str) -> dict[str, Any] | None:
         """The engine's stat of `path`, its last component not followed; None if missing."""
 
-        def head() -> dict[str, Any] | None:
-            # HEAD /containers/{id}/archive stats a path; docker-py has no call for it.
-            url = self.api._url("/containers/{0}/archive", self.container)
-            response = self.api.head(url, params={"path": path})
-            if response.status_code == 404:
-                return None
-            self.api._raise_for_status(response)
-            header = response.headers["X-Docker-Container-Path-Stat"]
-            found: dict[str, Any] = json.loads(base64.b64decode(header))
-            return found
-
         try:
-            return await call(self.tokens, head)
+            return await self.engine.call(self.engine.path_stat, self.container, path)
         except APIError as exc:
             raise ProviderError(f"cannot inspect {path!r}: {exc.explanation}") from None
 
     async def from_image(self, path: str) -> bool:
         """Whether `path` is as the image made it: not in the container layer's diff, and
         not on a mount, which the diff does not cover."""
-        info: dict[str, Any] = await call(self.tokens, self.api.inspect_container, self.container)
+        info: dict[str, Any] = await self.engine.call(
+            self.engine.api.inspect_container, self.container
+        )
         binds: list[dict[str, Any]] = info.get("Mounts") or []
         tmpfs: dict[str, str] = info["HostConfig"].get("Tmpfs") or {}
         mounts: list[str] = [m["Destination"] for m in binds] + list(tmpfs)
         if any(_under(path, mount) for mount in [*mounts, *_KERNEL_MOUNTS]):
             return False
-        changes: list[dict[str, Any]] = await call(self.tokens, self.api.diff, self.container)
+        changes: list[dict[str, Any]] = await self.engine.call(self.engine.api.diff, self.container)
         return all(change["Path"] != path for change in changes or [])
 
     async def link_target(self, path: str) -> str:
         """What the symlink at `path` holds, read from the engine's archive of it."""
         try:
-            stream, _ = await call(self.tokens, self.api.get_archive, self.container, path)
+            stream, _ = await self.engine.call(self.engine.api.get_archive, self.container, path)
         except (NotFound, APIError) as exc:
             raise ProviderError(f"cannot read the link {path!r}: {exc}") from None
 
@@ -122,7 +110,7 @@ class SandboxFiles:
             return bytes(data)
 
         try:
-            data = await call(self.tokens, read)
+            data = await self.engine.call(read)
         finally:
             stream.close()
         try:

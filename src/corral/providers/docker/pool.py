@@ -35,7 +35,7 @@ from corral.core.logs import event
 from corral.core.plan import ExecutionPlan
 from corral.core.redact import plain_env
 from corral.core.warmpool import Ready, SlotPool, release
-from corral.providers.docker.engine import Engine, call, idempotent
+from corral.providers.docker.engine import Engine
 from corral.providers.docker.resources import (
     holder_name,
     network_name,
@@ -127,9 +127,8 @@ class WarmPool(SlotPool[_Pair]):
             owned.push_async_callback(ready.item.stack.aclose)
             session = ready.item.session
             try:
-                await call(
-                    session.tokens,
-                    session.client.api.rename,
+                await session.engine.call(
+                    session.engine.api.rename,
                     pooled_holder_name(session.id),
                     holder_name(session.id),
                 )
@@ -160,15 +159,14 @@ class WarmPool(SlotPool[_Pair]):
         await release(ready.item.stack.aclose, log)
 
 
-async def collect_idle(client: Engine, tokens: int, owner: str, now: float) -> list[str]:
+async def collect_idle(engine: Engine, owner: str, now: float) -> list[str]:
     """Remove `owner`'s pooled pairs still idle past their idle-until (for `corral gc`).
 
     The holder goes first and by its pooled name, so a pair claimed meanwhile (renamed)
     is a NotFound here and is left alone with everything it owns.
     """
-    holders: list[dict[str, Any]] = await idempotent(
-        tokens,
-        client.api.containers,
+    holders: list[dict[str, Any]] = await engine.idempotent(
+        engine.api.containers,
         all=True,
         filters={"label": [f"{OWNER}={owner}", IDLE_UNTIL, "corral.role=holder"]},
     )
@@ -180,14 +178,14 @@ async def collect_idle(client: Engine, tokens: int, owner: str, now: float) -> l
         if not is_session_id(sid) or not until.isdigit() or int(until) > now:
             continue
         try:
-            await call(
-                tokens, client.api.remove_container, pooled_holder_name(sid), force=True, v=True
+            await engine.call(
+                engine.api.remove_container, pooled_holder_name(sid), force=True, v=True
             )
         except NotFound:
             continue
-        await remove_container(client, tokens, sandbox_name(sid), sid)
-        await remove_services(client, tokens, labels)
-        await remove_network(client, tokens, network_name(sid), sid)
-        await remove_volume(client, tokens, programs_volume(sid), sid)
+        await remove_container(engine, sandbox_name(sid), sid)
+        await remove_services(engine, labels)
+        await remove_network(engine, network_name(sid), sid)
+        await remove_volume(engine, programs_volume(sid), sid)
         removed.append(f"idle pooled sandbox {sid}")
     return removed

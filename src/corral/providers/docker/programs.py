@@ -23,7 +23,7 @@ from docker.errors import APIError
 
 from corral.errors import ProviderError
 from corral.helper import helper_binary
-from corral.providers.docker.engine import Engine, call, idempotent
+from corral.providers.docker.engine import Engine
 
 #: where the sandbox sees corral's programs (read-only)
 MOUNT = "/.corral"
@@ -59,7 +59,7 @@ def bind(volume: str, *, writable: bool) -> str:
     return f"{volume}:{MOUNT}:{'rw' if writable else 'ro'}"
 
 
-async def fill(client: Engine, tokens: int, holder: dict[str, Any], arch: str) -> None:
+async def fill(engine: Engine, holder: dict[str, Any], arch: str) -> None:
     """Put corral's programs into the volume through the (running) holder."""
     binary = helper(arch)
     stat = binary.stat() if binary is not None else None
@@ -71,20 +71,20 @@ async def fill(client: Engine, tokens: int, holder: dict[str, Any], arch: str) -
     )
     archive = _archives.get(key)
     if archive is None:
-        busybox = await _read_busybox(client, tokens, holder["Id"])
+        busybox = await _read_busybox(engine, holder["Id"])
         helper_bytes = binary.read_bytes() if binary is not None else None
         archive = _archive(busybox, helper_bytes)
         _archives.clear()
         _archives[key] = archive
     try:
-        await call(tokens, client.api.put_archive, holder["Id"], MOUNT, archive)
+        await engine.call(engine.api.put_archive, holder["Id"], MOUNT, archive)
     except APIError as exc:
         raise ProviderError(f"putting corral's programs into the holder failed: {exc}") from None
 
 
-async def _read_busybox(client: Engine, tokens: int, holder: str) -> bytes:
+async def _read_busybox(engine: Engine, holder: str) -> bytes:
     def read() -> bytes:
-        stream, _ = client.api.get_archive(holder, _SOURCE)
+        stream, _ = engine.api.get_archive(holder, _SOURCE)
         raw = b"".join(stream)
         with tarfile.open(fileobj=io.BytesIO(raw)) as source:
             member = source.next()
@@ -94,7 +94,7 @@ async def _read_busybox(client: Engine, tokens: int, holder: str) -> bytes:
             return body.read()
 
     try:
-        return await idempotent(tokens, read)
+        return await engine.idempotent(read)
     except APIError as exc:
         raise ProviderError(f"reading {_SOURCE} from corral's holder failed: {exc}") from None
 

@@ -17,7 +17,7 @@ from docker.types import IPAMConfig, IPAMPool
 
 from corral.core.labels import OWNER, SESSION
 from corral.errors import ProviderError
-from corral.providers.docker.engine import Engine, call, idempotent
+from corral.providers.docker.engine import Engine
 
 ROLE = "corral.role"
 
@@ -48,20 +48,20 @@ def programs_volume(session_id: str) -> str:
 
 
 async def live_pair(
-    client: Engine, tokens: int, owner: str, session_id: str
+    engine: Engine, owner: str, session_id: str
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The inspected holder and sandbox of `owner`'s session `session_id`; None unless both
     run under their names and exact labels, the sandbox in the holder's namespace."""
     selector = [f"{OWNER}={owner}", f"{SESSION}={session_id}"]
-    listed: list[dict[str, Any]] = await idempotent(
-        tokens, client.api.containers, filters={"label": selector}
+    listed: list[dict[str, Any]] = await engine.idempotent(
+        engine.api.containers, filters={"label": selector}
     )
     by_name = {item["Names"][0].lstrip("/"): item["Id"] for item in listed}
     pair: list[dict[str, Any]] = []
     for role, name in (("holder", holder_name(session_id)), ("sandbox", sandbox_name(session_id))):
         try:
-            info: dict[str, Any] = await idempotent(
-                tokens, client.api.inspect_container, by_name[name]
+            info: dict[str, Any] = await engine.idempotent(
+                engine.api.inspect_container, by_name[name]
             )
         except (KeyError, NotFound):
             return None
@@ -80,62 +80,62 @@ def _owned_by(labels: dict[str, str] | None, session_id: str) -> bool:
     return (labels or {}).get(SESSION) == session_id
 
 
-async def remove_container(client: Engine, tokens: int, name: str, session_id: str) -> None:
+async def remove_container(engine: Engine, name: str, session_id: str) -> None:
     try:
-        info: dict[str, Any] = await idempotent(tokens, client.api.inspect_container, name)
+        info: dict[str, Any] = await engine.idempotent(engine.api.inspect_container, name)
     except NotFound:
         return
     if not _owned_by(info["Config"].get("Labels"), session_id):
         raise ProviderError(f"container {name!r} is not session {session_id}'s; left alone")
-    await discard_container(client, tokens, info["Id"])
+    await discard_container(engine, info["Id"])
 
 
-async def discard_container(client: Engine, tokens: int, container_id: str) -> None:
+async def discard_container(engine: Engine, container_id: str) -> None:
     """Remove a container by id and return once it is gone.
 
     A container whose lifetime just ended is already removing itself (auto-remove): the
     engine refuses a second removal (409), so this waits for that one instead.
     """
     try:
-        await idempotent(tokens, client.api.remove_container, container_id, force=True, v=True)
+        await engine.idempotent(engine.api.remove_container, container_id, force=True, v=True)
     except NotFound:
         return
     except APIError as exc:
         if exc.status_code != 409:
             raise
         with contextlib.suppress(NotFound):
-            await call(tokens, client.api.wait, container_id, condition="removed")
+            await engine.call(engine.api.wait, container_id, condition="removed")
 
 
-async def remove_network(client: Engine, tokens: int, name: str, session_id: str) -> None:
+async def remove_network(engine: Engine, name: str, session_id: str) -> None:
     """Remove the session's network, by name or (where names may repeat) by id."""
     try:
-        info: dict[str, Any] = await idempotent(tokens, client.api.inspect_network, name)
+        info: dict[str, Any] = await engine.idempotent(engine.api.inspect_network, name)
     except NotFound:
         return
     if not _owned_by(info.get("Labels"), session_id):
         raise ProviderError(f"network {name!r} is not session {session_id}'s; left alone")
     with contextlib.suppress(NotFound):
-        await idempotent(tokens, client.api.remove_network, info["Id"])
+        await engine.idempotent(engine.api.remove_network, info["Id"])
 
 
-async def create_volume(client: Engine, tokens: int, name: str, labels: dict[str, str]) -> None:
+async def create_volume(engine: Engine, name: str, labels: dict[str, str]) -> None:
     try:
-        await call(tokens, client.api.create_volume, name, labels=labels)
+        await engine.call(engine.api.create_volume, name, labels=labels)
     except APIError as exc:
         raise ProviderError(f"creating volume {name!r} failed: {exc}") from None
 
 
-async def remove_volume(client: Engine, tokens: int, name: str, session_id: str) -> None:
+async def remove_volume(engine: Engine, name: str, session_id: str) -> None:
     """Remove the session's volume `name`, once no container of the session holds it."""
     try:
-        info: dict[str, Any] = await idempotent(tokens, client.api.inspect_volume, name)
+        info: dict[str, Any] = await engine.idempotent(engine.api.inspect_volume, name)
     except NotFound:
         return
     if not _owned_by(info.get("Labels"), session_id):
         raise ProviderError(f"volume {name!r} is not session {session_id}'s; left alone")
     with contextlib.suppress(NotFound):
-        await idempotent(tokens, client.api.remove_volume, name, force=True)
+        await engine.idempotent(engine.api.remove_volume, name, force=True)
 
 
 def release_subnet(subnet: ipaddress.IPv4Network) -> None:
@@ -157,8 +157,7 @@ def pick_subnet(pool: str, prefix: int) -> ipaddress.IPv4Network:
 
 
 async def create_network(
-    client: Engine,
-    tokens: int,
+    engine: Engine,
     name: str,
     labels: dict[str, str],
     subnet: ipaddress.IPv4Network,
@@ -170,9 +169,8 @@ async def create_network(
         pools.append(IPAMPool(subnet=str(subnet6), gateway=str(subnet6[1])))
     ipam = IPAMConfig(pool_configs=pools)
     try:
-        created: dict[str, Any] = await call(
-            tokens,
-            client.api.create_network,
+        created: dict[str, Any] = await engine.call(
+            engine.api.create_network,
             name,
             driver="bridge",
             ipam=ipam,

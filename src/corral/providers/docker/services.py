@@ -27,7 +27,7 @@ from corral.core.plan import Resources, ServiceSpec
 from corral.core.redact import plain_env, redact, secret_values
 from corral.errors import ProviderError
 from corral.providers.docker.config import DockerConfig
-from corral.providers.docker.engine import Engine, call, idempotent
+from corral.providers.docker.engine import Engine
 from corral.providers.docker.resources import ROLE, remove_container
 
 #: label naming the service a container runs
@@ -102,23 +102,22 @@ def service_container(
 
 
 async def start_service(
-    client: Engine, tokens: int, spec: ContainerSpec, service: ServiceSpec, session_id: str
+    engine: Engine, spec: ContainerSpec, service: ServiceSpec, session_id: str
 ) -> dict[str, Any]:
     """Create and start `spec`; the inspected running container, or a ProviderError
     naming the service (its secret env values masked). The caller has pushed the undo."""
     try:
-        await call(
-            tokens,
-            client.api.create_container,
+        await engine.call(
+            engine.api.create_container,
             spec.image,
             spec.command,
             name=spec.name,
             labels=spec.labels,
             environment=spec.environment,
             working_dir=spec.working_dir,
-            host_config=client.api.create_host_config(**spec.host),
+            host_config=engine.api.create_host_config(**spec.host),
         )
-        await call(tokens, client.api.start, spec.name)
+        await engine.call(engine.api.start, spec.name)
     except APIError as exc:
         raise ProviderError(
             redact(
@@ -127,19 +126,19 @@ async def start_service(
                 secret_values(service.env),
             )
         ) from None
-    return await running_service(client, tokens, spec.name, service, session_id)
+    return await running_service(engine, spec.name, service, session_id)
 
 
 async def running_service(
-    client: Engine, tokens: int, container: str, service: ServiceSpec, session_id: str
+    engine: Engine, container: str, service: ServiceSpec, session_id: str
 ) -> dict[str, Any]:
     """The inspected service container, or a ProviderError naming the service with its
     exit code and last output (secret env values masked) if it is not running."""
-    info: dict[str, Any] = await idempotent(tokens, client.api.inspect_container, container)
+    info: dict[str, Any] = await engine.idempotent(engine.api.inspect_container, container)
     if info["State"].get("Running"):
         return info
     try:
-        raw: bytes = await call(tokens, client.api.logs, container, tail=QUOTED_LINES)
+        raw: bytes = await engine.call(engine.api.logs, container, tail=QUOTED_LINES)
         output = raw.decode("utf-8", errors="replace").strip()
     except APIError:
         output = ""
@@ -155,13 +154,13 @@ async def running_service(
 
 
 async def find_services(
-    client: Engine, tokens: int, owner: str, session_id: str, holder_id: str
+    engine: Engine, owner: str, session_id: str, holder_id: str
 ) -> dict[str, dict[str, Any]]:
     """The inspected service containers of `owner`'s session, by service name: those
     carrying its exact labels in the holder's namespace, running or not."""
     selector = [f"{OWNER}={owner}", f"{SESSION}={session_id}", f"{ROLE}=service"]
-    listed: list[dict[str, Any]] = await idempotent(
-        tokens, client.api.containers, all=True, filters={"label": selector}
+    listed: list[dict[str, Any]] = await engine.idempotent(
+        engine.api.containers, all=True, filters={"label": selector}
     )
     found: dict[str, dict[str, Any]] = {}
     for item in listed:
@@ -170,9 +169,7 @@ async def find_services(
         if item["Names"][0].lstrip("/") != service_container_name(session_id, name):
             continue
         try:
-            info: dict[str, Any] = await idempotent(
-                tokens, client.api.inspect_container, item["Id"]
-            )
+            info: dict[str, Any] = await engine.idempotent(engine.api.inspect_container, item["Id"])
         except NotFound:
             continue
         if info["HostConfig"].get("NetworkMode") == f"container:{holder_id}":
@@ -185,8 +182,8 @@ def service_names(labels: dict[str, str]) -> tuple[str, ...]:
     return tuple(name for name in labels.get(SERVICES, "").split(",") if name)
 
 
-async def remove_services(client: Engine, tokens: int, labels: dict[str, str]) -> None:
+async def remove_services(engine: Engine, labels: dict[str, str]) -> None:
     """Remove the services of the session whose objects carry `labels`, by exact name."""
     sid = labels[SESSION]
     for name in service_names(labels):
-        await remove_container(client, tokens, service_container_name(sid, name), sid)
+        await remove_container(engine, service_container_name(sid, name), sid)

@@ -53,7 +53,7 @@ from corral.providers.docker.enforcement import (
     probe_from_sandbox,
     resolve,
 )
-from corral.providers.docker.engine import Engine, call
+from corral.providers.docker.engine import Engine
 from corral.providers.docker.events import EventFeed
 from corral.providers.docker.executor import Executor, PlainExecutor
 from corral.providers.docker.landing import SandboxFiles
@@ -89,8 +89,7 @@ class DockerSession(EnvironmentSession):
         *,
         id: str,
         policy: NetworkPolicy,
-        client: Engine,
-        tokens: int,
+        engine: Engine,
         holder: str,
         sandbox: str,
         network: str,
@@ -126,8 +125,7 @@ class DockerSession(EnvironmentSession):
         #: refused attempts, fed by the reader in the holder (`providers.docker.events`)
         self.feed = events
         self.events: EventLog = events.log
-        self.client = client
-        self.tokens = tokens
+        self.engine = engine
         self.holder = holder
         self.sandbox = sandbox
         self.network = network
@@ -150,9 +148,9 @@ class DockerSession(EnvironmentSession):
         # sessions: bypassing netfilter is a property of the runtime, not of a sandbox).
         self.verified_runtimes = verified_runtimes
         self.executor: Executor = (
-            ChannelExecutor(client.api, tokens, sandbox, id)
+            ChannelExecutor(engine, sandbox, id)
             if exec_channel
-            else PlainExecutor(client.api, tokens, sandbox, programs.SHELL)
+            else PlainExecutor(engine, sandbox, programs.SHELL)
         )
         self.snapshot_lifetime_s = snapshot_lifetime_s
         #: where corral's resolver forwards the names an allowlist allows (and where corral
@@ -204,15 +202,14 @@ class DockerSession(EnvironmentSession):
         programs volume, as root: it starts each process as its user)."""
         try:
             if self._defaults is None:
-                self._defaults = await container_defaults(
-                    self.client.api, self.tokens, self.sandbox
-                )
+                self._defaults = await container_defaults(self.engine, self.sandbox)
             return await start_program(
-                self.client.api,
-                self.tokens,
+                self.engine,
                 self.sandbox,
                 [programs.HELPER, "--procs", self.id],
-                lambda transport: ProcessLink(transport, token, "docker", self.tokens, self.id),
+                lambda transport: ProcessLink(
+                    transport, token, "docker", self.engine.tokens, self.id
+                ),
             )
         except ChannelUnavailable as exc:
             raise FeatureUnsupported(
@@ -243,7 +240,7 @@ class DockerSession(EnvironmentSession):
             )
         target = self._container(request.service)
         cwd = self._absolute(request.cwd, target) if request.cwd is not None else None
-        plain = PlainExecutor(self.client.api, self.tokens, target.id)
+        plain = PlainExecutor(self.engine, target.id)
         try:
             return await plain.run(replace(request, cwd=cwd))
         except ProviderError as exc:
@@ -264,7 +261,7 @@ class DockerSession(EnvironmentSession):
 
     async def _put(self, target: Container, directory: str, chunks: Any) -> None:
         try:
-            await call(self.tokens, self.client.api.put_archive, target.id, directory, chunks)
+            await self.engine.call(self.engine.api.put_archive, target.id, directory, chunks)
         except NotFound:
             raise RemotePathNotFound(directory) from None
         except APIError as exc:
@@ -274,7 +271,7 @@ class DockerSession(EnvironmentSession):
 
     async def _get(self, target: Container, path: str) -> Any:
         try:
-            stream, _ = await call(self.tokens, self.client.api.get_archive, target.id, path)
+            stream, _ = await self.engine.call(self.engine.api.get_archive, target.id, path)
         except NotFound:
             raise RemotePathNotFound(path) from None
         except APIError as exc:
@@ -285,7 +282,7 @@ class DockerSession(EnvironmentSession):
 
     async def _upload_root(self, target: Container, path: str) -> str:
         """The real directory an upload to `path` lands in (see `landing`), created if missing."""
-        files = SandboxFiles(self.client.api, self.tokens, target.id)
+        files = SandboxFiles(self.engine, target.id)
         resolved = await files.resolve(path)
         if resolved is None:
             await self._mkdir(path, target)  # the container's mkdir: checked again after
@@ -311,7 +308,7 @@ class DockerSession(EnvironmentSession):
         stream = await self._get(where, self._absolute(remote, where))
         try:
             # The size is the engine's tar header: the engine stats the file itself.
-            await call(self.tokens, extract_file, stream, local, remote, max_bytes)
+            await self.engine.call(extract_file, stream, local, remote, max_bytes)
         finally:
             # The engine holds the container's lock until the archive is read or closed:
             # left open (a refused or failed extraction), every later call hangs.
@@ -322,7 +319,7 @@ class DockerSession(EnvironmentSession):
     ) -> None:
         where = self._container(service)
         target = self._absolute(remote_dir, where)
-        await call(self.tokens, validate_dir, local_dir)
+        await self.engine.call(validate_dir, local_dir)
         await self._put(where, await self._upload_root(where, target), pack_dir(local_dir))
 
     async def download_dir(
@@ -333,7 +330,7 @@ class DockerSession(EnvironmentSession):
         stream = await self._get(where, source)
         name = posixpath.basename(source.rstrip("/")) or "."
         try:
-            await call(self.tokens, lambda: extract_tar(stream, local_dir, strip=name))
+            await self.engine.call(lambda: extract_tar(stream, local_dir, strip=name))
         finally:
             stream.close()
 
@@ -359,14 +356,17 @@ class DockerSession(EnvironmentSession):
         so each switch covers them, but a process the agent got into a service (through
         the service's own interface) is not ended here (SECURITY.md, known gaps).
         """
-        api = self.client.api
         self.executor.reset()  # the exec channel's helper dies with the workload
         self.procs.reset()  # so do the process manager and every process it held
         try:
             before = set(await self._host_processes())
-            old: dict[str, Any] = await call(self.tokens, api.inspect_container, self.sandbox)
-            await call(self.tokens, api.restart, self.sandbox, timeout=RESTART_GRACE_S)
-            new: dict[str, Any] = await call(self.tokens, api.inspect_container, self.sandbox)
+            old: dict[str, Any] = await self.engine.call(
+                self.engine.api.inspect_container, self.sandbox
+            )
+            await self.engine.call(self.engine.api.restart, self.sandbox, timeout=RESTART_GRACE_S)
+            new: dict[str, Any] = await self.engine.call(
+                self.engine.api.inspect_container, self.sandbox
+            )
             running = await self._host_processes()
         except APIError as exc:
             raise WorkloadNotStopped(
@@ -396,7 +396,7 @@ class DockerSession(EnvironmentSession):
 
     async def _host_processes(self) -> dict[str, str]:
         """The sandbox's processes by host pid, with their command lines (engine's view)."""
-        top: dict[str, Any] = await call(self.tokens, self.client.api.top, self.sandbox)
+        top: dict[str, Any] = await self.engine.call(self.engine.api.top, self.sandbox)
         pid, command = top["Titles"].index("PID"), top["Titles"].index("CMD")
         rows: list[list[str]] = top.get("Processes") or []
         return {row[pid]: row[command] for row in rows}
@@ -415,8 +415,7 @@ class DockerSession(EnvironmentSession):
             return
         try:
             await apply_policy(
-                self.client.api,
-                self.tokens,
+                self.engine,
                 self.holder,
                 self.policy,
                 self.resolution,
@@ -440,8 +439,7 @@ class DockerSession(EnvironmentSession):
         """The sandbox container's files only: services are the plan's infrastructure, and
         a fork starts its own plan's services anew from their images."""
         return await snapshots.commit(
-            self.client,
-            self.tokens,
+            self.engine,
             self.sandbox,
             self.labels[OWNER],
             self.id,
@@ -480,8 +478,7 @@ class DockerSession(EnvironmentSession):
 
     async def _resolve_from(self, policy: NetworkPolicy, container: str) -> Resolution:
         return await resolve(
-            self.client.api,
-            self.tokens,
+            self.engine,
             container,
             policy,
             dns=self.dns,
@@ -492,8 +489,7 @@ class DockerSession(EnvironmentSession):
     async def _apply(self, policy: NetworkPolicy) -> None:
         resolved = await self._resolve(policy)
         await apply_policy(
-            self.client.api,
-            self.tokens,
+            self.engine,
             self.holder,
             policy,
             resolved,
@@ -514,8 +510,7 @@ class DockerSession(EnvironmentSession):
         if probe is None:
             return
         await probe_from_sandbox(
-            self.client.api,
-            self.tokens,
+            self.engine,
             self.holder,
             self.sandbox,
             probe,
@@ -539,23 +534,22 @@ async def _resolver(session: DockerSession) -> AsyncGenerator[str]:
     s = session
     name = f"corral-{s.id}-resolver-{secrets.token_hex(3)}"
     try:
-        host_config = s.client.api.create_host_config(
+        host_config = s.engine.api.create_host_config(
             network_mode=s.network,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             auto_remove=True,  # gone by itself after its `sleep`, should corral die
         )
-        await call(
-            s.tokens,
-            s.client.api.create_container,
+        await s.engine.call(
+            s.engine.api.create_container,
             s.resolver_image,
             ["sleep", "60"],
             name=name,
             labels=s.labels,
             host_config=host_config,
         )
-        await call(s.tokens, s.client.api.start, name)
+        await s.engine.call(s.engine.api.start, name)
         yield name
     finally:
         with anyio.CancelScope(shield=True):
-            await remove_container(s.client, s.tokens, name, s.id)
+            await remove_container(s.engine, name, s.id)

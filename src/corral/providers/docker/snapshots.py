@@ -24,7 +24,7 @@ from docker.errors import APIError, ImageNotFound
 from corral.core.labels import EXPIRES_AT, OWNER, SESSION, is_expired, new_session_id
 from corral.core.snapshot import SnapshotRef
 from corral.errors import ConfigError, ProviderError
-from corral.providers.docker.engine import Engine, call, idempotent
+from corral.providers.docker.engine import Engine, Raw
 from corral.providers.docker.resources import ROLE, discard_container
 
 SNAPSHOT = "corral.snapshot"
@@ -49,7 +49,7 @@ def image_config(source: dict[str, Any], labels: dict[str, str]) -> dict[str, An
 
 
 async def commit(
-    client: Engine, tokens: int, sandbox: str, owner: str, source_session: str, lifetime_s: float
+    engine: Engine, sandbox: str, owner: str, source_session: str, lifetime_s: float
 ) -> SnapshotRef:
     """Save the `sandbox` container's files as an image labelled as `owner`'s snapshot."""
     snapshot_id = new_session_id()
@@ -63,20 +63,21 @@ async def commit(
         ROLE: "snapshot",
     }
     part_labels = {**{k: v for k, v in labels.items() if k != SNAPSHOT}, PART: snapshot_id}
-    api = client.api
     flat: list[str] = []
     try:
-        container: dict[str, Any] = await idempotent(tokens, api.inspect_container, sandbox)
-        source: dict[str, Any] = await idempotent(tokens, api.inspect_image, container["Image"])
+        container: dict[str, Any] = await engine.idempotent(engine.api.inspect_container, sandbox)
+        source: dict[str, Any] = await engine.idempotent(
+            engine.api.inspect_image, container["Image"]
+        )
         # The worker thread is always waited for, also when the caller is cancelled: the
         # flat image it made is then in `flat`, never lost with the call's return value.
-        await call(tokens, _flatten, api, sandbox, part_labels, flat)
-        await _commit_blank(client, tokens, flat[0], image_config(source["Config"] or {}, labels))
+        await engine.call(_flatten, engine.api, sandbox, part_labels, flat)
+        await _commit_blank(engine, flat[0], image_config(source["Config"] or {}, labels))
     except BaseException as exc:
         # Once committed it is the snapshot's parent, removed with it; until then, ours.
         with anyio.CancelScope(shield=True):
             for image in flat:
-                await _remove_image(client, tokens, image)
+                await _remove_image(engine, image)
         if isinstance(exc, APIError):
             raise ProviderError(
                 f"saving sandbox {source_session} failed: {exc.explanation}"
@@ -91,15 +92,13 @@ async def commit(
     )
 
 
-async def _commit_blank(client: Engine, tokens: int, flat: str, config: dict[str, Any]) -> None:
+async def _commit_blank(engine: Engine, flat: str, config: dict[str, Any]) -> None:
     """Commit a container of `flat` that never runs, so the image records only `config`."""
-    api = client.api
     labels: dict[str, str] = config["Labels"]
-    blank = await call(tokens, api.create_container, flat, ["sh"], labels=labels)
+    blank = await engine.call(engine.api.create_container, flat, ["sh"], labels=labels)
     try:
-        await call(
-            tokens,
-            api.commit,
+        await engine.call(
+            engine.api.commit,
             blank["Id"],
             repository=REPOSITORY,
             tag=labels[SNAPSHOT],
@@ -107,10 +106,10 @@ async def _commit_blank(client: Engine, tokens: int, flat: str, config: dict[str
         )
     finally:
         with anyio.CancelScope(shield=True):
-            await discard_container(client, tokens, blank["Id"])
+            await discard_container(engine, blank["Id"])
 
 
-def _flatten(api: Engine, sandbox: str, labels: dict[str, str], made: list[str]) -> None:
+def _flatten(api: Raw, sandbox: str, labels: dict[str, str], made: list[str]) -> None:
     """The sandbox's filesystem, paused while it is read, as a new image labelled with
     `labels` (its id appended to `made`)."""
     changes = [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in labels.items()]
@@ -122,7 +121,7 @@ def _flatten(api: Engine, sandbox: str, labels: dict[str, str], made: list[str])
     made.append(str(json.loads(answer.strip().splitlines()[-1])["status"]))
 
 
-def _pause(api: Engine, sandbox: str) -> None:
+def _pause(api: Raw, sandbox: str) -> None:
     """Pause `sandbox`. Just after a restart (the end of a phase) runc may still call the
     running container stopped (seen under load, 0.2 s after the start): while the engine
     says it runs, the pause is tried again, for up to 2 s."""
@@ -137,25 +136,23 @@ def _pause(api: Engine, sandbox: str) -> None:
         time.sleep(0.2)
 
 
-async def _remove_image(client: Engine, tokens: int, image: str) -> None:
+async def _remove_image(engine: Engine, image: str) -> None:
     with contextlib.suppress(ImageNotFound):
-        await idempotent(tokens, client.api.remove_image, image)
+        await engine.idempotent(engine.api.remove_image, image)
 
 
-async def _images(
-    client: Engine, tokens: int, owner: str, ref: SnapshotRef
-) -> list[dict[str, Any]]:
+async def _images(engine: Engine, owner: str, ref: SnapshotRef) -> list[dict[str, Any]]:
     """`owner`'s images of snapshot `ref` (by its id and source session)."""
-    images: list[dict[str, Any]] = await idempotent(
-        tokens, client.api.images, filters={"label": [f"{OWNER}={owner}", f"{SNAPSHOT}={ref.id}"]}
+    images: list[dict[str, Any]] = await engine.idempotent(
+        engine.api.images, filters={"label": [f"{OWNER}={owner}", f"{SNAPSHOT}={ref.id}"]}
     )
     wanted = {SNAPSHOT: ref.id, SESSION: ref.source_session}
     return [i for i in images if wanted.items() <= dict(i.get("Labels") or {}).items()]
 
 
-async def find(client: Engine, tokens: int, owner: str, ref: SnapshotRef) -> str:
+async def find(engine: Engine, owner: str, ref: SnapshotRef) -> str:
     """The id of `owner`'s live image of snapshot `ref`; ConfigError naming it otherwise."""
-    for image in await _images(client, tokens, owner, ref):
+    for image in await _images(engine, owner, ref):
         if is_expired(image.get("Labels") or {}, owner):
             raise ConfigError(f"snapshot {ref.id!r} expired at {ref.expires_at.isoformat()}")
         return str(image["Id"])
@@ -165,12 +162,12 @@ async def find(client: Engine, tokens: int, owner: str, ref: SnapshotRef) -> str
     )
 
 
-async def discard(client: Engine, tokens: int, owner: str, ref: SnapshotRef) -> None:
+async def discard(engine: Engine, owner: str, ref: SnapshotRef) -> None:
     """Remove `owner`'s image of `ref` (its flat parent goes with it); one already gone is
     no error. A fork's container keeps its image in use: the engine refuses, and so do we."""
-    for image in await _images(client, tokens, owner, ref):
+    for image in await _images(engine, owner, ref):
         try:
-            await idempotent(tokens, client.api.remove_image, image["Id"])
+            await engine.idempotent(engine.api.remove_image, image["Id"])
         except ImageNotFound:
             continue
         except APIError as exc:
@@ -182,13 +179,13 @@ async def discard(client: Engine, tokens: int, owner: str, ref: SnapshotRef) -> 
             ) from None
 
 
-async def collect_expired(client: Engine, tokens: int, owner: str, now: float) -> list[str]:
+async def collect_expired(engine: Engine, owner: str, now: float) -> list[str]:
     """Remove `owner`'s snapshot images past their expiry (for `corral gc`); one a fork's
     container still uses stays until a later run."""
     images: list[dict[str, Any]] = []
     for kind in (SNAPSHOT, PART):
-        images += await idempotent(
-            tokens, client.api.images, filters={"label": [f"{OWNER}={owner}", kind]}
+        images += await engine.idempotent(
+            engine.api.images, filters={"label": [f"{OWNER}={owner}", kind]}
         )
     removed: list[str] = []
     for image in images:
@@ -197,7 +194,7 @@ async def collect_expired(client: Engine, tokens: int, owner: str, now: float) -
         if not name or not is_expired(labels, owner, now):
             continue
         try:
-            await idempotent(tokens, client.api.remove_image, image["Id"])
+            await engine.idempotent(engine.api.remove_image, image["Id"])
         except ImageNotFound:
             continue
         except APIError as exc:

@@ -52,7 +52,12 @@ def connect(config: KubernetesConfig) -> Api:
     configuration.connection_pool_maxsize = config.max_workers
     api_client = k8s.ApiClient(configuration)
     api_client.rest_client.request = _bounded(api_client.rest_client.request, config.api_timeout_s)
-    return Clients(k8s.CoreV1Api(api_client), k8s.NetworkingV1Api(api_client), configuration)
+    return Clients(
+        k8s.CoreV1Api(api_client),
+        k8s.NetworkingV1Api(api_client),
+        configuration,
+        config.max_workers,
+    )
 
 
 def _bounded(request: Callable[..., Any], timeout_s: float) -> Callable[..., Any]:
@@ -68,10 +73,14 @@ def _bounded(request: Callable[..., Any], timeout_s: float) -> Callable[..., Any
 
 
 class Clients:
-    def __init__(self, core: Api, networking: Api, configuration: Api) -> None:
+    """The API server's clients, and `tokens`: at most that many of their blocking calls
+    in worker threads at once (the config's `max_workers`)."""
+
+    def __init__(self, core: Api, networking: Api, configuration: Api, tokens: int) -> None:
         self.core = core
         self.networking = networking
         self.configuration = configuration
+        self.tokens = tokens
         self.host: str = configuration.host
         self._local = threading.local()
 

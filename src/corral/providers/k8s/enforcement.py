@@ -91,15 +91,17 @@ def policy_in_force(found: Any) -> NetworkPolicy:
         ) from None
 
 
-async def replace_spec(
-    clients: Any, tokens: int, namespace: str, name: str, body: dict[str, Any]
-) -> None:
+async def replace_spec(clients: Any, namespace: str, name: str, body: dict[str, Any]) -> None:
     """Switch by patching the one object: the CNI never sees it absent, and its policy
     annotation changes with its spec."""
     patch = {"metadata": {"annotations": body["metadata"]["annotations"]}, "spec": body["spec"]}
     try:
         await idempotent(
-            tokens, clients.networking.patch_namespaced_network_policy, name, namespace, patch
+            clients.tokens,
+            clients.networking.patch_namespaced_network_policy,
+            name,
+            namespace,
+            patch,
         )
     except ApiException as exc:
         raise ProviderError(f"patching NetworkPolicy {name}: {explain(exc)}") from None

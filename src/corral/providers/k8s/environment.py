@@ -135,22 +135,21 @@ class KubernetesEnvironment(BaseEnvironment):
             if self.config.dns_servers is not None:
                 found = self.config.dns_servers
             else:
-                found = await _cluster_dns(await self.clients(), self.config.max_workers)
+                found = await _cluster_dns(await self.clients())
             self._dns_servers = tuple(ipaddress.ip_address(s) for s in found)
         return self._dns_servers
 
     async def _check_namespace(self, clients: Api) -> None:
-        tokens = self.config.max_workers
         namespace = self.config.namespace
         try:
             await idempotent(
-                tokens, clients.core.read_namespace, namespace, _request_timeout=(3, 10)
+                clients.tokens, clients.core.read_namespace, namespace, _request_timeout=(3, 10)
             )
         except ApiException as exc:
             if status_of(exc) == 404 and self.config.create_namespace:
                 body = {"metadata": {"name": namespace, "labels": {OWNER: self.config.owner}}}
                 with contextlib.suppress(ApiException):
-                    await call(tokens, clients.core.create_namespace, body)
+                    await call(clients.tokens, clients.core.create_namespace, body)
                 return
             if status_of(exc) == 404:
                 raise ConfigError(
@@ -221,9 +220,7 @@ class KubernetesEnvironment(BaseEnvironment):
         async def delete_policy(name: str, session_id: str, instance: str | None) -> None:
             await self._delete("network_policy", name, session_id, instance)
 
-        return Cluster(
-            await self.clients(), cfg.max_workers, cfg.namespace, cfg.owner, delete_policy
-        )
+        return Cluster(await self.clients(), cfg.namespace, cfg.owner, delete_policy)
 
     async def _open(
         self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
@@ -290,7 +287,7 @@ class KubernetesEnvironment(BaseEnvironment):
         body["spec"]["activeDeadlineSeconds"] += math.ceil(idle_s)
         pod = await self._create("pod", body, instance, session_id)
         await self._own(clients, name, pod.metadata.uid, created_policy.metadata.name)
-        pod = await wait_running(clients, cfg.max_workers, cfg.namespace, name)
+        pod = await wait_running(clients, cfg.namespace, name)
         return self._session(clients, pod, initial)
 
     async def _start(self, session: KubernetesSession, plan: ExecutionPlan) -> None:
@@ -344,7 +341,7 @@ class KubernetesEnvironment(BaseEnvironment):
         name: str = pod.metadata.name
         labels: dict[str, str] = dict(pod.metadata.labels or {})
         sandbox: Any = next(c for c in pod.spec.containers if c.name == CONTAINER)
-        target = Target(clients, cfg.max_workers, cfg.namespace, name, CONTAINER, (BUSYBOX, "sh"))
+        target = Target(clients, cfg.namespace, name, CONTAINER, (BUSYBOX, "sh"))
         places = {
             service: Place(target.sibling(container.name), container.working_dir or "/")
             for service, container in services(pod).items()
@@ -545,7 +542,6 @@ class KubernetesEnvironment(BaseEnvironment):
         """Remove pooled Pods left unclaimed past their idle age (a dead harness's pool),
         then expired Pods and NetworkPolicies, then expired snapshots."""
         clients = await self.clients()
-        tokens = self.config.max_workers
         owner = self.config.owner
         removed: list[str] = []
         now = time.time()
@@ -553,7 +549,7 @@ class KubernetesEnvironment(BaseEnvironment):
         removed += await collect_idle(await self._cluster(), now)
         for kind, api in (("pod", clients.core), ("network_policy", clients.networking)):
             listed: Any = await idempotent(
-                tokens,
+                clients.tokens,
                 getattr(api, f"list_namespaced_{kind}"),
                 self.config.namespace,
                 label_selector=selector,
@@ -576,11 +572,11 @@ def _annotations(found: Any) -> dict[str, str]:
     return dict(found.metadata.annotations or {})
 
 
-async def _cluster_dns(clients: Api, tokens: int) -> tuple[str, ...]:
+async def _cluster_dns(clients: Api) -> tuple[str, ...]:
     """The ClusterIP of kube-system/kube-dns, or none when the cluster has no such Service."""
     try:
         service: Any = await idempotent(
-            tokens, clients.core.read_namespaced_service, "kube-dns", "kube-system"
+            clients.tokens, clients.core.read_namespaced_service, "kube-dns", "kube-system"
         )
     except ApiException as exc:
         if status_of(exc) == 404:

@@ -77,14 +77,13 @@ class Target:
     def __init__(
         self,
         clients: Api,
-        tokens: int,
         namespace: str,
         pod: str,
         container: str,
         shell: tuple[str, ...] = ("sh",),
     ) -> None:
         self.clients = clients
-        self.tokens = tokens
+        self.tokens: int = clients.tokens
         self.namespace = namespace
         self.pod = pod
         self.container = container
@@ -92,7 +91,7 @@ class Target:
 
     def sibling(self, container: str) -> Target:
         """Another container of the same Pod (its own image's `sh`)."""
-        return Target(self.clients, self.tokens, self.namespace, self.pod, container)
+        return Target(self.clients, self.namespace, self.pod, container)
 
 
 def wrapped(

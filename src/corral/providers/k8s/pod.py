@@ -295,11 +295,13 @@ def _service_of(container: str) -> str | None:
     return container.removeprefix(SERVICE_PREFIX) if container.startswith(SERVICE_PREFIX) else None
 
 
-async def wait_running(clients: Api, tokens: int, namespace: str, name: str) -> Any:
+async def wait_running(clients: Api, namespace: str, name: str) -> Any:
     """Poll until every container runs; raise at once with the real cause if one never will."""
     delay = 0.05
     while True:
-        pod: Any = await idempotent(tokens, clients.core.read_namespaced_pod, name, namespace)
+        pod: Any = await idempotent(
+            clients.tokens, clients.core.read_namespaced_pod, name, namespace
+        )
         cause = fatal(pod)
         if cause is not None:
             error = ConfigError if "image" in cause else ProviderError

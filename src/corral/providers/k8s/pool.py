@@ -222,7 +222,6 @@ class Cluster:
     """The pool's view of the API server: one namespace, one owner."""
 
     clients: Api
-    tokens: int
     namespace: str
     owner: str
     #: removes the NetworkPolicy `name` of session `sid` made by open `instance`
@@ -231,7 +230,7 @@ class Cluster:
     async def read(self, name: str) -> Any | None:
         try:
             return await idempotent(
-                self.tokens, self.clients.core.read_namespaced_pod, name, self.namespace
+                self.clients.tokens, self.clients.core.read_namespaced_pod, name, self.namespace
             )
         except ApiException as exc:
             if status_of(exc) == 404:
@@ -240,7 +239,7 @@ class Cluster:
 
     async def pods(self, selector: str) -> list[Any]:
         listed: Any = await idempotent(
-            self.tokens,
+            self.clients.tokens,
             self.clients.core.list_namespaced_pod,
             self.namespace,
             label_selector=selector,
@@ -291,7 +290,7 @@ async def remove_unclaimed(
         }
         try:
             await idempotent(
-                cluster.tokens,
+                cluster.clients.tokens,
                 cluster.clients.core.delete_namespaced_pod,
                 name,
                 cluster.namespace,
@@ -432,7 +431,7 @@ class WarmPool(SlotPool[Pooled]):
         with anyio.CancelScope(shield=True):
             try:
                 return await call(
-                    cluster.tokens,
+                    cluster.clients.tokens,
                     cluster.clients.core.patch_namespaced_pod,
                     name,
                     cluster.namespace,

@@ -423,7 +423,7 @@ class KubernetesSession(EnvironmentSession):
         resolved = await enforcement.resolve(self.prober, policy, self.dns, self.host_aliases)
         body = enforcement.render(policy, resolved, self.policy_name, self.id, self.labels)
         await enforcement.replace_spec(
-            self.target.clients, self.target.tokens, self.target.namespace, self.policy_name, body
+            self.target.clients, self.target.namespace, self.policy_name, body
         )
         if self.verify:
             self.last_enforced_s = await enforcement.verify(
