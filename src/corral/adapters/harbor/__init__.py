@@ -8,21 +8,19 @@ defines nothing: `UNAVAILABLE` says why, and `CorralEnvironment` raises ImportEr
 from typing import Any
 
 from corral.adapters.harbor.config import HarborEnvironmentConfig
-from corral.adapters.harbor.contract import load
-from corral.adapters.harbor.environment import define
 
 
-def _define() -> tuple[type[Any] | None, str | None]:
+def _environment() -> tuple[type[Any] | None, str | None]:
     try:
-        contract = load()
+        from corral.adapters.harbor.environment import CorralEnvironment
     except ModuleNotFoundError as exc:
         if not (exc.name or "").startswith("harbor"):
             raise
         return None, f"Harbor is not installed ({exc}); it needs Python >= 3.12"
-    return define(contract), None
+    return CorralEnvironment, None
 
 
-_DEFINED, UNAVAILABLE = _define()
+_DEFINED, UNAVAILABLE = _environment()
 
 
 def __getattr__(name: str) -> Any:
