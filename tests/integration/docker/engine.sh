@@ -40,7 +40,13 @@ FOREIGN_MARK=/run/corral-dockerd.foreign
 # The test-only runtime `corral-test-bypass` (see bypass-runtime.sh), registered in our
 # daemon.json: installed outside the clone, which may move or go.
 BYPASS_RUNTIME=/usr/local/libexec/corral-test/bypass-runtime
+# gVisor, registered as the runtime `runsc`: its network stack skips the holder's rules,
+# which corral must catch and refuse (test_docker_adversarial.py). The cluster's build
+# (Debian's 2022 runsc cannot join another container's network namespace).
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=../cluster/versions.sh
+. "$HERE/../cluster/versions.sh"
+RUNSC=$GVISOR_BIN/runsc
 
 log() { printf 'engine.sh: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -94,7 +100,10 @@ write_config() {
   "ip6tables": true,
   "log-driver": "json-file",
   "log-opts": {"max-size": "10m", "max-file": "2"},
-  "runtimes": {"corral-test-bypass": {"path": "$BYPASS_RUNTIME"}}
+  "runtimes": {
+    "corral-test-bypass": {"path": "$BYPASS_RUNTIME"},
+    "runsc": {"path": "$RUNSC"}
+  }
 }
 EOF
     if cmp -s "$CONFIG.tmp" "$CONFIG"; then
@@ -104,8 +113,15 @@ EOF
     mv "$CONFIG.tmp" "$CONFIG"
 }
 
+ensure_runsc() {
+    [[ -x $RUNSC ]] && return 0
+    log "building gVisor's runsc (tests/integration/cluster/build.sh gvisor)"
+    bash "$HERE/../cluster/build.sh" gvisor >&2 || die "building runsc failed"
+}
+
 cmd_up() {
     install_missing
+    ensure_runsc
     if docker_answers; then
         if our_pid >/dev/null; then
             log "dockerd already running (started by engine.sh, pid $(our_pid))"
