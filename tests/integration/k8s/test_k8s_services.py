@@ -150,19 +150,24 @@ async def test_the_policy_and_its_switches_cover_every_container(
     once an allowlist names it, refused to both again after switching back, reached by
     both under public."""
     env = make_env(namespace, owner="svc-policy")
-    async with env.session(plan("no-network")) as session:
-        seen = [await both_dial(session, plain_server)]
-        await session.set_network_policy(NetworkPolicy.allowlist(f"{plain_server}:{SERVER_PORT}"))
-        seen.append(await both_dial(session, plain_server))
-        await session.set_network_policy(NetworkPolicy.no_network())
-        seen.append(await both_dial(session, plain_server))
-        # `public` is not probed: the CNI may take a moment to open up (closed meanwhile).
-        await session.set_network_policy(NetworkPolicy.public())
+
+    async def opened() -> tuple[bool, bool]:
+        # What a switch newly allows opens when the CNI next syncs (a switch waits only
+        # for what it forbids to be refused): closed meanwhile, so wait for it.
         for _ in range(60):
             if await dials(session, plain_server, None):
                 break
             await anyio.sleep(0.5)
+        return await both_dial(session, plain_server)
+
+    async with env.session(plan("no-network")) as session:
+        seen = [await both_dial(session, plain_server)]
+        await session.set_network_policy(NetworkPolicy.allowlist(f"{plain_server}:{SERVER_PORT}"))
+        seen.append(await opened())
+        await session.set_network_policy(NetworkPolicy.no_network())
         seen.append(await both_dial(session, plain_server))
+        await session.set_network_policy(NetworkPolicy.public())
+        seen.append(await opened())
     assert seen == [(False, False), (True, True), (False, False), (True, True)]
     assert objects(cluster, namespace, "svc-policy") == []
 
