@@ -1,13 +1,13 @@
 """The exec channel (issue 14) on a real cluster: execs really go through one helper over
 one websocket, with the plain websocket exec's semantics (exit codes, stdin, env, cwd,
-streaming, trees killed on timeout and cancellation, concurrency), and plain exec takes
-over wherever the helper cannot be copied or run."""
+streaming, trees killed on timeout and cancellation, concurrency: the shared scenarios in
+tests/integration/exec_channel_cases), and plain exec takes over wherever the helper
+cannot be copied or run."""
 
 from __future__ import annotations
 
 import logging
 import posixpath
-import secrets
 import threading
 import time
 from pathlib import Path
@@ -18,10 +18,11 @@ import pytest
 
 from corral import ExecutionPlan
 from corral.core.session import ExecRequest
-from corral.errors import ExecUserUnsupported, ProviderError
+from corral.errors import ExecUserUnsupported
 from corral.providers.k8s import execution
 from corral.providers.k8s.channel import ChannelExecutor
 from corral.providers.k8s.session import KubernetesSession
+from tests.integration import exec_channel_cases as cases
 from tests.integration.k8s.conftest import TEST_IMAGE, make_env
 
 pytestmark = [pytest.mark.k8s, pytest.mark.anyio]
@@ -47,14 +48,6 @@ class _Counted:
             return real(*args, **kwargs)
 
         monkeypatch.setattr(execution, "stream", counted)
-
-
-async def _survivors(session: Any, pattern: str) -> str:
-    # Through the plain path: nothing the channel did is trusted to show itself gone.
-    result = await _channel(session).plain.run(
-        ExecRequest(("sh", "-c", f"ps -eo args | grep '[{pattern[0]}]{pattern[1:]}' || true"))
-    )
-    return result.stdout.strip()
 
 
 async def test_execs_go_through_one_channel(
@@ -135,150 +128,35 @@ async def test_env_cwd_and_stdin_match_plain_exec(namespace: str, cwd: str | Non
 
 
 async def test_output_is_bounded_and_streamed(namespace: str) -> None:
-    chunks: dict[str, list[str]] = {"stdout": [], "stderr": []}
     async with make_env(namespace, output_limit_bytes=4096).session(PLAN) as session:
-        result = await session.exec(
-            "printf HEAD; head -c 300000 /dev/zero | tr '\\0' x; printf TAIL; "
-            "printf E >&2; printf 'caf\\303\\251' >&2",
-            on_output=lambda stream, text: chunks[stream].append(text),
-        )
-        assert _channel(session).starts == 1
-    assert result.returncode == 0
-    assert result.stdout_truncated and not result.stderr_truncated
-    assert result.stdout.startswith("HEADxx") and result.stdout.endswith("xxTAIL")
-    assert len(result.stdout.encode()) < 4096 + 200
-    assert result.stderr == "Ecafé"
-    assert "".join(chunks["stdout"]).count("x") == 300000, "on_output sees everything"
-    assert "".join(chunks["stderr"]) == "Ecafé"
+        await cases.output_is_bounded_and_streamed(session)
 
 
 async def test_a_timeout_kills_a_double_forked_tree(namespace: str) -> None:
-    nap = 3000 + secrets.randbelow(6000)
     async with make_env(namespace).session(PLAN) as session:
-        started = time.monotonic()
-        result = await session.exec(
-            f"(setsid sh -c 'sleep {nap}' &); (sleep {nap} &); echo started; sleep {nap}",
-            timeout=1,
-        )
-        elapsed = time.monotonic() - started
-        await anyio.sleep(0.3)
-        left = await _survivors(session, f"sleep {nap}")
-        assert _channel(session).starts == 1
-    assert result.timed_out and result.returncode == 124
-    assert result.stdout == "started\n"
-    assert elapsed < 3, f"timeout of 1 s took {elapsed:.1f} s"
-    assert left == "", f"left running: {left!r}"
+        await cases.a_timeout_kills_a_double_forked_tree(session)
 
 
 async def test_cancelling_an_exec_kills_its_tree_and_the_channel_stays(namespace: str) -> None:
-    nap = 3000 + secrets.randbelow(6000)
     async with make_env(namespace).session(PLAN) as session:
-        await session.exec(["true"])
-        started = anyio.Event()
-        began = time.monotonic()
-
-        def seen(stream: str, text: str) -> None:
-            started.set()
-
-        async with anyio.create_task_group() as tg:
-
-            async def victim() -> None:
-                await session.exec(
-                    f"(setsid sh -c 'sleep {nap}' &); sleep {nap} & echo go; wait",
-                    on_output=seen,
-                )
-
-            tg.start_soon(victim)
-            await started.wait()
-            await anyio.sleep(0.3)
-            began = time.monotonic()
-            tg.cancel_scope.cancel()
-        took = time.monotonic() - began
-        after = await session.exec(["echo", "still here"])
-        left = await _survivors(session, f"sleep {nap}")
-        assert _channel(session).starts == 1, "the channel survived the cancellation"
-    assert took < 1.5, f"the cancellation took {took:.2f} s"
-    assert after.stdout == "still here\n"
-    assert left == "", f"left running: {left!r}"
+        await cases.cancelling_an_exec_kills_its_tree_and_the_channel_stays(session)
 
 
 async def test_concurrent_execs_share_one_channel(namespace: str) -> None:
     async with make_env(namespace).session(PLAN) as session:
-        await session.exec(["true"])
-        results: dict[int, Any] = {}
-
-        async def one(i: int) -> None:
-            results[i] = await session.exec(
-                f"sleep 0.5; cat; echo out{i}; echo err{i} >&2; exit {i % 7}",
-                stdin=f"in{i}" if i % 2 else None,
-            )
-
-        started = time.monotonic()
-        async with anyio.create_task_group() as tg:
-            for i in range(24):
-                tg.start_soon(one, i)
-        elapsed = time.monotonic() - started
-        assert _channel(session).starts == 1
-    assert elapsed < 4, f"24 concurrent half-second execs took {elapsed:.1f} s"
-    for i, result in results.items():
-        stdin = f"in{i}" if i % 2 else ""
-        assert (result.returncode, result.stdout, result.stderr) == (
-            i % 7,
-            f"{stdin}out{i}\n",
-            f"err{i}\n",
-        )
+        await cases.concurrent_execs_share_one_channel(session)
 
 
 async def test_end_workload_starts_a_fresh_channel(namespace: str) -> None:
     async with make_env(namespace).session(PLAN) as session:
-        executor = _channel(session)
-        await session.exec(["true"])
-        first = executor.channel
-        await session.end_workload()
-        result = await session.exec(["echo", "again"])
-        helpers = await executor.plain.run(
-            ExecRequest(("sh", "-c", "ps -eo args | grep -c '^/[.]corral/corral-exec' || true"))
-        )
-        assert executor.starts == 2 and executor.channel is not first
-    assert result.stdout == "again\n"
-    assert helpers.stdout.strip() == "1", "the old helper died with the workload"
+        await cases.end_workload_starts_a_fresh_channel(session)
 
 
 async def test_a_channel_broken_mid_call_raises_and_the_next_call_restarts(
     namespace: str,
 ) -> None:
     async with make_env(namespace).session(PLAN) as session:
-        executor = _channel(session)
-        await session.exec(["true"])
-        failure: list[BaseException] = []
-        raised = anyio.Event()
-        took = float("inf")
-
-        async def victim() -> None:
-            try:
-                await session.exec("sleep 30")
-            except ProviderError as exc:
-                failure.append(exc)
-            raised.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(victim)
-            await anyio.sleep(0.5)
-            # The workload kills the helper; the plain path does it here.
-            began = time.monotonic()
-            await executor.plain.run(
-                ExecRequest(("sh", "-c", "pkill -9 -f '^/[.]corral/corral-exec'"))
-            )
-            with anyio.fail_after(10):
-                await raised.wait()
-            took = time.monotonic() - began
-        after = await session.exec(["echo", "back"])
-        left = await _survivors(session, "sleep 30")
-        assert executor.starts == 2
-    assert "exec channel broke" in str(failure[0])
-    assert took < 5
-    assert after.stdout == "back\n"
-    assert left == "", "the broken call's command was killed through the plain path"
+        await cases.a_channel_broken_mid_call_raises_and_the_next_call_restarts(session)
 
 
 async def test_a_container_not_running_as_root_gets_the_channel_too(namespace: str) -> None:
