@@ -10,7 +10,6 @@ from pathlib import Path
 SRC = Path(__file__).parents[2] / "src" / "corral"
 LIMIT = 60
 
-_TO_SPLIT = "still to split (issue 24): one step of the open or apply per helper"
 #: (path under src/corral, qualified name) -> why it is longer than LIMIT
 EXCEPTIONS: dict[tuple[str, str], str] = {
     ("adapters/agentcompass/environment.py", "define"): (
@@ -25,11 +24,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "the order of one family's rules is the security argument; it reads top to bottom"
     ),
     ("testing/escapes.py", "catalogue"): "a table of techniques, one entry per line",
-    ("providers/docker/enforcement.py", "apply_policy"): _TO_SPLIT,
-    ("providers/docker/environment.py", "DockerEnvironment._create"): _TO_SPLIT,
     ("demo.py", "run_demo"): "the demo's script, step by step as it prints them",
-    ("providers/local/process.py", "run_process"): _TO_SPLIT,
-    ("core/credproxy.py", "_forward"): _TO_SPLIT,
 }
 
 

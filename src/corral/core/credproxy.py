@@ -276,36 +276,58 @@ async def _forward(
             headers=_request_headers(route, request, parts.netloc),
         )
         await upstream.send(up.send(head) or b"")
-        while True:  # the request's body, as it comes
-            with anyio.fail_after(IDLE_TIMEOUT_S):
-                part = await _next(server, client)
-            if isinstance(part, h11.Data):
-                await upstream.send(up.send(h11.Data(data=part.data)) or b"")
-            else:
-                await upstream.send(up.send(h11.EndOfMessage()) or b"")
-                break
+        await _relay_request_body(server, client, up, upstream)
+        await _relay_response(up, upstream, server, client, redactor)
+
+
+async def _relay_request_body(
+    server: h11.Connection,
+    client: anyio.abc.SocketStream,
+    up: h11.Connection,
+    upstream: anyio.abc.ByteStream,
+) -> None:
+    """The sandbox's request body to the upstream, as it comes."""
+    while True:
         with anyio.fail_after(IDLE_TIMEOUT_S):
-            answer = await _next(up, upstream)
-        if not isinstance(answer, h11.Response):
-            await _reply(server, client, 502, b"the upstream's answer was not HTTP\n")
+            part = await _next(server, client)
+        if isinstance(part, h11.Data):
+            await upstream.send(up.send(h11.Data(data=part.data)) or b"")
+        else:
+            await upstream.send(up.send(h11.EndOfMessage()) or b"")
             return
-        headers = [
-            (k, redactor.strike(v))
-            for k, v in answer.headers
-            if k.decode("latin-1").lower() not in _DROPPED
-        ]
-        await client.send(
-            server.send(h11.Response(status_code=answer.status_code, headers=headers)) or b""
-        )
-        while True:  # the response's body, piece by piece
-            with anyio.fail_after(IDLE_TIMEOUT_S):
-                part = await _next(up, upstream)
-            if not isinstance(part, h11.Data):
-                break
-            piece = redactor.feed(bytes(part.data))
-            if piece:
-                await client.send(server.send(h11.Data(data=piece)) or b"")
-        tail = redactor.flush()
-        if tail:
-            await client.send(server.send(h11.Data(data=tail)) or b"")
-        await client.send(server.send(h11.EndOfMessage()) or b"")
+
+
+async def _relay_response(
+    up: h11.Connection,
+    upstream: anyio.abc.ByteStream,
+    server: h11.Connection,
+    client: anyio.abc.SocketStream,
+    redactor: Redactor,
+) -> None:
+    """The upstream's answer back to the sandbox piece by piece, the route's header
+    values struck out of its headers and body."""
+    with anyio.fail_after(IDLE_TIMEOUT_S):
+        answer = await _next(up, upstream)
+    if not isinstance(answer, h11.Response):
+        await _reply(server, client, 502, b"the upstream's answer was not HTTP\n")
+        return
+    headers = [
+        (k, redactor.strike(v))
+        for k, v in answer.headers
+        if k.decode("latin-1").lower() not in _DROPPED
+    ]
+    await client.send(
+        server.send(h11.Response(status_code=answer.status_code, headers=headers)) or b""
+    )
+    while True:
+        with anyio.fail_after(IDLE_TIMEOUT_S):
+            part = await _next(up, upstream)
+        if not isinstance(part, h11.Data):
+            break
+        piece = redactor.feed(bytes(part.data))
+        if piece:
+            await client.send(server.send(h11.Data(data=piece)) or b"")
+    tail = redactor.flush()
+    if tail:
+        await client.send(server.send(h11.Data(data=tail)) or b"")
+    await client.send(server.send(h11.EndOfMessage()) or b"")

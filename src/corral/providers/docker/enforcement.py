@@ -25,7 +25,7 @@ from corral.helper import helper_binary
 from corral.network.dns import Answer, resolve_names
 from corral.network.events import EventLog, phase_in_rules
 from corral.network.gate import GATE_CHAIN
-from corral.network.iptables import CHAIN, Endpoint, render_iptables
+from corral.network.iptables import CHAIN, Endpoint, IptablesPayload, render_iptables
 from corral.network.policy import NetworkPolicy, Phase
 from corral.network.policy_record import PolicyRecord, read_record
 from corral.network.probe import DISCARD_PORT, forbidden_probe
@@ -375,10 +375,33 @@ async def apply_policy(
             events.expect_own(*probe)
         # Before the rules: a flow they admit is listed under the name it was allowed by.
         events.name_addresses(resolved.addresses)
+    env = _apply_env(policy, resolved, payload, probe, start_resolver=start_resolver)
+    result = await _as_root(engine, holder, ["sh", "-c", _APPLY], env)
+    if result.returncode == 7:  # corral's resolver is not in this holder yet: nothing changed
+        await install_resolver(engine, holder)
+        result = await _as_root(engine, holder, ["sh", "-c", _APPLY], env)
+    if result.returncode != 0:
+        raise ProviderError(
+            f"applying network policy {policy} failed (exit {result.returncode}): "
+            f"{result.stderr.strip()[-500:]}; the previous policy is still in force"
+        )
+    if probe is not None:
+        _judge_probe(policy, probe, result.stdout)
+
+
+def _apply_env(
+    policy: NetworkPolicy,
+    resolved: Resolution,
+    payload: IptablesPayload,
+    probe: tuple[IPAddress, int] | None,
+    *,
+    start_resolver: bool,
+) -> dict[str, str]:
+    """What `_APPLY` reads: the payloads, the resolver's generation and config, the probe."""
     names = resolved.names if uses_resolver(policy) else None
     generation = names.generation if names is not None else f"off{secrets.token_hex(4)}"
     nameservers = [RESOLVER] if names is not None else resolved.dns_servers
-    env = {
+    return {
         "CORRAL_DNS_GEN": generation,
         "CORRAL_DNS_SETS": names.ipset_payload(policy) if names is not None else "",
         "CORRAL_DNS_CONFIG": names.resolver_config(policy)
@@ -395,26 +418,18 @@ async def apply_policy(
         "CORRAL_PROBE_PORT": str(DISCARD_PORT if probe is None else probe[1]),
         "CORRAL_PROBE_TABLES": "ip6tables" if probe and probe[0].version == 6 else "iptables",
     }
-    result = await _as_root(engine, holder, ["sh", "-c", _APPLY], env)
-    if result.returncode == 7:  # corral's resolver is not in this holder yet: nothing changed
-        await install_resolver(engine, holder)
-        result = await _as_root(engine, holder, ["sh", "-c", _APPLY], env)
-    if result.returncode != 0:
-        raise ProviderError(
-            f"applying network policy {policy} failed (exit {result.returncode}): "
-            f"{result.stderr.strip()[-500:]}; the previous policy is still in force"
+
+
+def _judge_probe(policy: NetworkPolicy, probe: tuple[IPAddress, int], output: str) -> None:
+    """The probe must have been refused, and by corral's rules (a REJECT counted)."""
+    lines = dict(line.split("=", 1) for line in output.split() if "=" in line)
+    target = f"{probe[0]}:{probe[1]}"
+    if lines.get("probe") != "refused":
+        raise NetworkPolicyNotEnforced(f"probe to {target}, which {policy} forbids, got through")
+    if int(lines.get("rejects", "0") or 0) == 0:
+        raise NetworkPolicyNotEnforced(
+            f"probe to {target} failed, but not through corral's rules (no REJECT counted)"
         )
-    if probe is not None:
-        lines = dict(line.split("=", 1) for line in result.stdout.split() if "=" in line)
-        target = f"{probe[0]}:{probe[1]}"
-        if lines.get("probe") != "refused":
-            raise NetworkPolicyNotEnforced(
-                f"probe to {target}, which {policy} forbids, got through"
-            )
-        if int(lines.get("rejects", "0") or 0) == 0:
-            raise NetworkPolicyNotEnforced(
-                f"probe to {target} failed, but not through corral's rules (no REJECT counted)"
-            )
 
 
 async def install_resolver(engine: Engine, holder: str) -> None:

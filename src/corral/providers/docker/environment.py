@@ -316,21 +316,14 @@ class DockerEnvironment(BaseEnvironment):
         pooling: Pooling | None,
         session_id: str | None,
     ) -> DockerSession:
-        cfg = self.config
         engine = await self.engine()
         sid = session_id or new_session_id()
-        lifetime = plan.timeouts.max_lifetime_s or cfg.default_lifetime_s
-        extra = {**cfg.labels, **plan.labels}
+        labels = self._labels(plan, pooling, sid)
         holder_names = [holder_name(sid)]
         if pooling is not None:
-            lifetime += pooling.max_idle_s
-            extra |= pooling.labels()
             holder_names.insert(0, pooled_holder_name(sid))
-        if plan.services:
-            extra[SERVICES] = ",".join(plan.services)
-        labels = session_labels(cfg.owner, sid, lifetime, extra)
         image = await self._image(engine, plan)
-        await self._ensure_image(engine, cfg.holder_image)
+        await self._ensure_image(engine, self.config.holder_image)
         for spec in plan.services.values():
             await self._ensure_image(engine, spec.image)
         network = await self._make_network(engine, owned, sid, labels)
@@ -374,6 +367,19 @@ class DockerEnvironment(BaseEnvironment):
             raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
         await self._start_services(engine, owned, session, plan, labels)
         return session
+
+    def _labels(self, plan: ExecutionPlan, pooling: Pooling | None, sid: str) -> dict[str, str]:
+        """Every label of the session's objects: owner, session, expiry (a pooled one's
+        includes its idle time), the config's and the plan's, the pool's, the services'."""
+        cfg = self.config
+        lifetime = plan.timeouts.max_lifetime_s or cfg.default_lifetime_s
+        extra = {**cfg.labels, **plan.labels}
+        if pooling is not None:
+            lifetime += pooling.max_idle_s
+            extra |= pooling.labels()
+        if plan.services:
+            extra[SERVICES] = ",".join(plan.services)
+        return session_labels(cfg.owner, sid, lifetime, extra)
 
     async def _make_network(
         self, engine: Engine, owned: AsyncExitStack, sid: str, labels: dict[str, str]

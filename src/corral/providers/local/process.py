@@ -51,24 +51,9 @@ async def run_process(
     if cgroup is not None:
         args = ["sh", "-c", _HOLD, "sh", *args]
     try:
-        proc = await anyio.to_thread.run_sync(
-            lambda: subprocess.Popen(
-                args,
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=cwd,
-                env=dict(env),
-                user=user,
-                start_new_session=True,
-            )
-        )
+        proc = await _spawn(args, cwd=cwd, env=env, user=user, piped_stdin=stdin is not None)
     except FileNotFoundError as exc:
         return _not_found(exc, started)
-    except KeyError:  # subprocess looks `user` up in this host's passwd
-        raise ConfigError(f"exec user {user!r} does not exist on this host") from None
-    except (OSError, ValueError) as exc:
-        raise ProviderError(f"could not start {args[0]!r}: {exc}") from exc
     assert proc.stdout is not None and proc.stderr is not None
     capture = Capture(output_limit, on_output)
     pidfd = os.pidfd_open(proc.pid)
@@ -99,6 +84,32 @@ async def run_process(
     code = proc.returncode
     returncode = TIMEOUT_RETURNCODE if timed_out else (128 - code if code < 0 else code)
     return capture.result(returncode, timed_out=timed_out)
+
+
+async def _spawn(
+    args: list[str], *, cwd: str, env: Mapping[str, str], user: str | None, piped_stdin: bool
+) -> subprocess.Popen[bytes]:
+    """`args` started in a session of its own, its output piped; a missing program raises
+    FileNotFoundError as it is."""
+    try:
+        return await anyio.to_thread.run_sync(
+            lambda: subprocess.Popen(
+                args,
+                stdin=subprocess.PIPE if piped_stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=dict(env),
+                user=user,
+                start_new_session=True,
+            )
+        )
+    except FileNotFoundError:
+        raise
+    except KeyError:  # subprocess looks `user` up in this host's passwd
+        raise ConfigError(f"exec user {user!r} does not exist on this host") from None
+    except (OSError, ValueError) as exc:
+        raise ProviderError(f"could not start {args[0]!r}: {exc}") from exc
 
 
 def _not_found(exc: FileNotFoundError, started: float) -> ExecResult:
