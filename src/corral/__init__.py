@@ -38,6 +38,7 @@ from corral.errors import (
     WorkspaceBusy,
 )
 from corral.network import NetworkMode, NetworkPolicy, NetworkSchedule
+from corral.providers.configs import ProviderConfig, environment_for, provider_config
 from corral.signals import cancelled_on_signals
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "ProcessInfo",
     "ProcessNotFound",
     "ProcessOutput",
+    "ProviderConfig",
     "ProviderError",
     "PtySize",
     "Recipe",
@@ -82,4 +84,6 @@ __all__ = [
     "WorkloadNotStopped",
     "WorkspaceBusy",
     "cancelled_on_signals",
+    "environment_for",
+    "provider_config",
 ]

@@ -16,6 +16,9 @@ from corral.providers.docker.mounts import hazard, parse_mount
 class DockerConfig(RuntimeEnvironmentConfig):
     """A container per sandbox on a Docker Engine, egress enforced by a holder container."""
 
+    type: Literal["docker"] = Field(
+        default="docker", description="the provider; picks this config out of a ProviderConfig"
+    )
     base_url: str | None = Field(
         default=None,
         description="engine address (unix:// or tcp://); default: DOCKER_HOST or the local socket",

@@ -31,6 +31,9 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
 
     mutually_exclusive: ClassVar[tuple[tuple[str, ...], ...]] = (("kubeconfig", "in_cluster"),)
 
+    type: Literal["k8s"] = Field(
+        default="k8s", description="the provider; picks this config out of a ProviderConfig"
+    )
     kubeconfig: str | None = Field(
         default=None, description="path to a kubeconfig (default: KUBECONFIG or ~/.kube/config)"
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -13,6 +14,9 @@ from corral.core.output import DEFAULT_OUTPUT_LIMIT
 class LocalConfig(RuntimeEnvironmentConfig):
     """A process tree on this host. Not a security boundary for the filesystem."""
 
+    type: Literal["local"] = Field(
+        default="local", description="the provider; picks this config out of a ProviderConfig"
+    )
     root_dir: Path | None = Field(
         default=None,
         description="directory under which each session's workspace is created "
