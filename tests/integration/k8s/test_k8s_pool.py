@@ -20,6 +20,7 @@ from anyio.abc import Process
 
 from corral import EnvironmentSession, ExecutionPlan, NetworkSchedule
 from corral.core.labels import OWNER, SESSION
+from corral.core.session import ExecRequest
 from corral.providers.k8s.execution import Target, run_exec
 from corral.providers.k8s.pod import BUSYBOX, CONTAINER, OPENED
 from corral.providers.k8s.pool import CLAIMED, IDLE_UNTIL, POOL, STATE
@@ -253,9 +254,7 @@ async def in_pod(cluster: Any, namespace: str, pod: str, container: str, argv: l
     """Run `argv` in a container of a Pod directly (no session): its exit code."""
     shell = (BUSYBOX, "sh") if container == CONTAINER else ("sh",)
     target = Target(cluster, namespace, pod, container, shell)
-    result = await run_exec(
-        target, argv, cwd=None, env={}, stdin=None, timeout=30, on_output=None, output_limit=4096
-    )
+    result = await run_exec(target, ExecRequest(tuple(argv), timeout=30, output_limit=4096))
     return -1 if result.returncode is None else result.returncode
 
 

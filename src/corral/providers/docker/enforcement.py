@@ -18,8 +18,7 @@ from typing import Any
 import anyio
 from docker.errors import APIError
 
-from corral.core.output import DEFAULT_OUTPUT_LIMIT
-from corral.core.session import ExecResult
+from corral.core.session import ExecRequest, ExecResult
 from corral.errors import NetworkPolicyNotEnforced, ProviderError
 from corral.helper import helper_binary
 from corral.network.dns import Answer, resolve_names
@@ -185,18 +184,8 @@ async def _as_root(
     stdin: bytes | None = None,
 ) -> ExecResult:
     """A control command of corral's own, as root, with a bounded wait."""
-    return await run_exec(
-        engine,
-        container,
-        argv,
-        env=env or {},
-        workdir=None,
-        user="0",
-        stdin=stdin,
-        timeout=60,
-        on_output=None,
-        output_limit=DEFAULT_OUTPUT_LIMIT,
-    )
+    request = ExecRequest(tuple(argv), env=env or {}, user="0", timeout=60, stdin=stdin)
+    return await run_exec(engine, container, request)
 
 
 async def dns_servers(engine: Engine, holder: str) -> tuple[IPAddress, ...]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import ssl
-from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -17,7 +16,7 @@ from docker.errors import APIError, NotFound
 
 from corral.core.capture import Capture
 from corral.core.markers import MARKER, kill_tree_argv, new_marker
-from corral.core.session import TIMEOUT_RETURNCODE, ExecResult, OutputCallback, Stream
+from corral.core.session import TIMEOUT_RETURNCODE, ExecRequest, ExecResult, Stream
 from corral.errors import ProviderError
 from corral.providers.docker.engine import Engine, Hijacked
 
@@ -25,31 +24,22 @@ _STREAMS: dict[int, Stream] = {1: "stdout", 2: "stderr"}
 
 
 async def run_exec(
-    engine: Engine,
-    container: str,
-    args: list[str],
-    *,
-    env: Mapping[str, str],
-    workdir: str | None,
-    user: str | None,
-    stdin: bytes | None,
-    timeout: float | None,
-    on_output: OutputCallback | None,
-    output_limit: int,
-    shell: tuple[str, ...] = ("sh",),
+    engine: Engine, container: str, request: ExecRequest, shell: tuple[str, ...] = ("sh",)
 ) -> ExecResult:
-    """`args` in `container`; a timed-out or cancelled command's tree is killed by
-    `shell` (see `kill_tree`)."""
-    capture = Capture(output_limit, on_output)
+    """`request` in `container`, its cwd as the engine takes it (absolute, or None: the
+    container's); a timed-out or cancelled command's tree is killed by `shell` (see
+    `kill_tree`)."""
+    capture = Capture(request.output_limit, request.on_output)
     marker = new_marker()
+    stdin, user = request.stdin, request.user
     try:
         exec_id, stream = await engine.exec_stream(
             container,
-            args,
+            list(request.args),
             stdin=stdin is not None,
             user=user or "",
-            workdir=workdir,
-            environment={**env, MARKER: marker},
+            workdir=request.cwd,
+            environment={**request.env, MARKER: marker},
         )
     except NotFound as exc:
         raise ProviderError(f"sandbox container {container[:12]} is gone: {exc}") from None
@@ -61,7 +51,7 @@ async def run_exec(
     try:
         if not isinstance(sock, ssl.SSLSocket):
             sock.setblocking(False)
-        with anyio.move_on_after(timeout) as scope:
+        with anyio.move_on_after(request.timeout) as scope:
             async with anyio.create_task_group() as tg:
                 if stdin is not None:
                     tg.start_soon(_send_stdin, sock, stdin)

@@ -27,16 +27,4 @@ class PlainExecutor(Stateless):
         self.shell = shell
 
     async def run(self, request: ExecRequest) -> ExecResult:
-        return await run_exec(
-            self.engine,
-            self.container,
-            list(request.args),
-            env=request.env,
-            workdir=request.cwd,
-            user=request.user,
-            stdin=request.stdin,
-            timeout=request.timeout,
-            on_output=request.on_output,
-            output_limit=request.output_limit,
-            shell=self.shell,
-        )
+        return await run_exec(self.engine, self.container, request, self.shell)

@@ -75,16 +75,7 @@ class PlainExecutor(Stateless):
         self.target = target
 
     async def run(self, request: ExecRequest) -> ExecResult:
-        return await run_exec(
-            self.target,
-            list(request.args),
-            cwd=request.cwd,
-            env=request.env,
-            stdin=request.stdin,
-            timeout=request.timeout,
-            on_output=request.on_output,
-            output_limit=request.output_limit,
-        )
+        return await run_exec(self.target, request)
 
 
 class ChannelExecutor(_ChannelExecutor):

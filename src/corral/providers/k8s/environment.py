@@ -42,7 +42,7 @@ from corral.core.environment import BaseEnvironment
 from corral.core.labels import OWNER, SESSION, is_expired, new_session_id, session_labels
 from corral.core.plan import ExecutionPlan
 from corral.core.services import wait_healthy
-from corral.core.session import EnvironmentSession
+from corral.core.session import EnvironmentSession, ExecRequest
 from corral.core.snapshot import SnapshotRef
 from corral.core.snapshot_store import SnapshotShelf, default_root
 from corral.core.warmpool import Ready
@@ -388,16 +388,10 @@ class KubernetesEnvironment(BaseEnvironment):
             ) from None
 
     async def _open_gate(self, session: KubernetesSession) -> None:
-        gate = await run_exec(
-            session.target,
-            corral_sh(f"touch {READY_FILE}"),
-            cwd=None,
-            env={},
-            stdin=None,
-            timeout=30,
-            on_output=None,
-            output_limit=4096,
+        opening = ExecRequest(
+            tuple(corral_sh(f"touch {READY_FILE}")), timeout=30, output_limit=4096
         )
+        gate = await run_exec(session.target, opening)
         if gate.returncode != 0:
             raise ProviderError(
                 f"could not open the workload gate in Pod {session.target.pod}: {gate.stderr}"

@@ -31,7 +31,13 @@ from websocket import ABNF, WebSocketException, WebSocketTimeoutException
 
 from corral.core.capture import Capture
 from corral.core.markers import MARKER, kill_tree_argv, new_marker
-from corral.core.session import TIMEOUT_RETURNCODE, ExecResult, OutputCallback, Stream, emit
+from corral.core.session import (
+    TIMEOUT_RETURNCODE,
+    ExecRequest,
+    ExecResult,
+    Stream,
+    emit,
+)
 from corral.errors import ProviderError
 from corral.providers.k8s.api import TRANSPORT_ERRORS, Api, call, explain, stoppable
 
@@ -235,19 +241,11 @@ def run_blocking_exec(
     return execution.status, execution.timed_out
 
 
-async def run_exec(
-    target: Target,
-    args: list[str],
-    *,
-    cwd: str | None,
-    env: Mapping[str, str],
-    stdin: bytes | None,
-    timeout: float | None,
-    on_output: OutputCallback | None,
-    output_limit: int,
-) -> ExecResult:
+async def run_exec(target: Target, request: ExecRequest) -> ExecResult:
+    """`request` in `target` (its user is the container's: the exec API has no other)."""
     marker = new_marker()
-    capture = Capture(output_limit, on_output)
+    on_output, stdin, timeout = request.on_output, request.stdin, request.timeout
+    capture = Capture(request.output_limit, on_output)
 
     def sink(name: Stream, data: bytes) -> None:
         text = capture.feed(name, data)
@@ -264,7 +262,7 @@ async def run_exec(
             functools.partial(
                 run_blocking_exec,
                 target,
-                wrapped(args, cwd, env, marker, target.shell),
+                wrapped(list(request.args), request.cwd, request.env, marker, target.shell),
                 None if stdin is None else [stdin],
                 deadline,
                 sink,
