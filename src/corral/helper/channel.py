@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -80,9 +81,16 @@ class Executor(Protocol):
         ...
 
 
-class Stateless:
-    """An executor that keeps nothing in the sandbox or on the harness's side (a plain
-    per-command exec): nothing to reset, nothing to close."""
+class PlainExecutor:
+    """A provider's plain per-command exec (`run`: Docker's engine exec, Kubernetes's
+    websocket exec) as an `Executor`. It keeps nothing in the sandbox or on the harness's
+    side: nothing to reset, nothing to close."""
+
+    def __init__(self, run: Callable[[ExecRequest], Awaitable[ExecResult]]) -> None:
+        self._run = run
+
+    async def run(self, request: ExecRequest) -> ExecResult:
+        return await self._run(request)
 
     def reset(self) -> None:
         pass

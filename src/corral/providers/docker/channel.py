@@ -14,6 +14,7 @@ the session's life, since every user the engine can exec as must be reachable).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import socket
 import threading
@@ -27,7 +28,7 @@ from docker.errors import APIError
 
 from corral.core.session import ExecRequest
 from corral.errors import ProviderError
-from corral.helper.channel import Channel
+from corral.helper.channel import Channel, PlainExecutor
 from corral.helper.channel import ChannelExecutor as _ChannelExecutor
 from corral.helper.link import (
     DIAGNOSTICS,
@@ -39,8 +40,7 @@ from corral.helper.link import (
 )
 from corral.providers.docker import programs
 from corral.providers.docker.engine import Engine, Hijacked
-from corral.providers.docker.execution import kill_tree
-from corral.providers.docker.executor import PlainExecutor
+from corral.providers.docker.execution import kill_tree, run_exec
 
 log = logging.getLogger("corral.docker.channel")
 
@@ -159,7 +159,9 @@ class ChannelExecutor(_ChannelExecutor):
     def __init__(self, engine: Engine, container: str, sandbox_id: str) -> None:
         self.engine = engine
         self.container = container
-        self.plain: PlainExecutor = PlainExecutor(engine, container, programs.SHELL)
+        self.plain = PlainExecutor(
+            functools.partial(run_exec, engine, container, shell=programs.SHELL)
+        )
         super().__init__(self.plain, sandbox_id, log)
         self._default_user = ""
         self._default_cwd = "/"

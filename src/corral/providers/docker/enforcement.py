@@ -18,7 +18,6 @@ from typing import Any
 import anyio
 from docker.errors import APIError
 
-from corral.core.session import ExecRequest, ExecResult
 from corral.errors import NetworkPolicyNotEnforced, ProviderError
 from corral.helper import helper_binary
 from corral.network.dns import Answer, resolve_names
@@ -39,7 +38,7 @@ from corral.network.wildcard import (
 )
 from corral.providers.docker import programs
 from corral.providers.docker.engine import Engine, Raw
-from corral.providers.docker.execution import run_exec
+from corral.providers.docker.execution import run_own
 
 #: corral's resolver for allowlists that name hosts (`network.wildcard`), in the holder's
 #: own filesystem: the helper binary, its config, `loaded` and `pid` (see helper/dns.go).
@@ -176,21 +175,9 @@ _SAVED = "iptables-save -t filter && echo '#corral-ipv6' && ip6tables-save -t fi
 _REJECTS = r"""$1 -w 5 -nvxL "$2" | awk '$3 == "REJECT" {n += $1} END {print n+0}'"""
 
 
-async def _as_root(
-    engine: Engine,
-    container: str,
-    argv: list[str],
-    env: dict[str, str] | None = None,
-    stdin: bytes | None = None,
-) -> ExecResult:
-    """A control command of corral's own, as root, with a bounded wait."""
-    request = ExecRequest(tuple(argv), env=env or {}, user="0", timeout=60, stdin=stdin)
-    return await run_exec(engine, container, request)
-
-
 async def dns_servers(engine: Engine, holder: str) -> tuple[IPAddress, ...]:
     """The network's resolvers, read from the holder before any sandbox joins it."""
-    result = await _as_root(engine, holder, ["cat", "/etc/resolv.conf"])
+    result = await run_own(engine, holder, ["cat", "/etc/resolv.conf"])
     return parse_resolv_conf(result.stdout)
 
 
@@ -214,10 +201,10 @@ async def resolve_in(
         return {}
 
     async def run(argv: list[str], stdin: bytes) -> str:
-        result = await _as_root(engine, container, argv, stdin=stdin)
+        result = await run_own(engine, container, argv, stdin=stdin)
         if marked and result.returncode == 7:  # the helper is not in the holder yet
             await install_resolver(engine, container)
-            result = await _as_root(engine, container, argv, stdin=stdin)
+            result = await run_own(engine, container, argv, stdin=stdin)
         if marked and result.returncode in (7, 8):
             raise ValueError(f"corral's lookup could not run: {result.stderr.strip()[-300:]}")
         if result.stdout_truncated:
@@ -365,10 +352,10 @@ async def apply_policy(
         # Before the rules: a flow they admit is listed under the name it was allowed by.
         events.name_addresses(resolved.addresses)
     env = _apply_env(policy, resolved, payload, probe, start_resolver=start_resolver)
-    result = await _as_root(engine, holder, ["sh", "-c", _APPLY], env)
+    result = await run_own(engine, holder, ["sh", "-c", _APPLY], env)
     if result.returncode == 7:  # corral's resolver is not in this holder yet: nothing changed
         await install_resolver(engine, holder)
-        result = await _as_root(engine, holder, ["sh", "-c", _APPLY], env)
+        result = await run_own(engine, holder, ["sh", "-c", _APPLY], env)
     if result.returncode != 0:
         raise ProviderError(
             f"applying network policy {policy} failed (exit {result.returncode}): "
@@ -453,7 +440,7 @@ async def policy_in_force(engine: Engine, holder: str) -> tuple[PolicyRecord, Ph
     """The record `apply_policy` last left in the holder's namespace, read from the kernel
     with the holder's own tools; both families must carry the same one. With it, the
     phase its refusals are stamped with."""
-    result = await _as_root(engine, holder, ["sh", "-c", _SAVED])
+    result = await run_own(engine, holder, ["sh", "-c", _SAVED])
     v4, _, v6 = result.stdout.partition("#corral-ipv6")
     try:
         if result.returncode != 0 or result.stdout_truncated:
@@ -471,7 +458,7 @@ async def policy_in_force(engine: Engine, holder: str) -> tuple[PolicyRecord, Ph
 
 async def _rejects(engine: Engine, holder: str, version: int) -> int:
     tables = "ip6tables" if version == 6 else "iptables"
-    result = await _as_root(engine, holder, ["sh", "-c", _REJECTS, "sh", tables, CHAIN])
+    result = await run_own(engine, holder, ["sh", "-c", _REJECTS, "sh", tables, CHAIN])
     if result.returncode != 0:
         raise ProviderError(f"reading corral's REJECT counters failed: {result.stderr.strip()}")
     return int(result.stdout.strip() or 0)
@@ -498,9 +485,7 @@ async def probe_from_sandbox(
     if events is not None:
         events.expect_own(host, port)
     # corral's busybox from the read-only programs volume, not anything of the image's.
-    dial = await _as_root(
-        engine, sandbox, [programs.BUSYBOX, "nc", "-w", "2", str(host), str(port)]
-    )
+    dial = await run_own(engine, sandbox, [programs.BUSYBOX, "nc", "-w", "2", str(host), str(port)])
     after = await _rejects(engine, holder, host.version)
     if dial.returncode == 0:
         raise NetworkPolicyNotEnforced(

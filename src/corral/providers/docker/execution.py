@@ -23,6 +23,20 @@ from corral.providers.docker.engine import Engine, Hijacked
 _STREAMS: dict[int, Stream] = {1: "stdout", 2: "stderr"}
 
 
+async def run_own(
+    engine: Engine,
+    container: str,
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    stdin: bytes | None = None,
+) -> ExecResult:
+    """A control command of corral's own (a policy apply, a probe, a resolver query), as
+    root, by one engine exec with a bounded wait: never through the exec channel, whose
+    helper the workload controls."""
+    request = ExecRequest(tuple(argv), env=env or {}, user="0", timeout=60, stdin=stdin)
+    return await run_exec(engine, container, request)
+
+
 async def run_exec(
     engine: Engine, container: str, request: ExecRequest, shell: tuple[str, ...] = ("sh",)
 ) -> ExecResult:

@@ -3,6 +3,7 @@ plan's services in that network (`services`)."""
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import posixpath
@@ -31,6 +32,7 @@ from corral.errors import (
     RemotePathNotFound,
     WorkloadNotStopped,
 )
+from corral.helper.channel import Executor, PlainExecutor
 from corral.helper.link import ChannelUnavailable
 from corral.helper.procs import ProcessClient, ProcessLink
 from corral.network.events import EventLog, NetworkEvents
@@ -55,7 +57,7 @@ from corral.providers.docker.enforcement import (
 )
 from corral.providers.docker.engine import Engine
 from corral.providers.docker.events import EventFeed
-from corral.providers.docker.executor import Executor, PlainExecutor
+from corral.providers.docker.execution import run_exec
 from corral.providers.docker.landing import SandboxFiles
 from corral.providers.docker.resources import remove_container
 
@@ -150,7 +152,7 @@ class DockerSession(EnvironmentSession):
         self.executor: Executor = (
             ChannelExecutor(engine, sandbox, id)
             if exec_channel
-            else PlainExecutor(engine, sandbox, programs.SHELL)
+            else PlainExecutor(functools.partial(run_exec, engine, sandbox, shell=programs.SHELL))
         )
         self.snapshot_lifetime_s = snapshot_lifetime_s
         #: where corral's resolver forwards the names an allowlist allows (and where corral
@@ -231,7 +233,7 @@ class DockerSession(EnvironmentSession):
 
     async def _exec(self, request: ExecRequest) -> ExecResult:
         """In the sandbox through the exec channel or one engine exec per command
-        (`executor.py`), the configured user standing in for None; in a service, one
+        (`helper.channel`), the configured user standing in for None; in a service, one
         engine exec per command as its own user. The cwd is made absolute either way."""
         if request.service is None:
             cwd = self._absolute(request.cwd) if request.cwd is not None else None
@@ -240,9 +242,8 @@ class DockerSession(EnvironmentSession):
             )
         target = self._container(request.service)
         cwd = self._absolute(request.cwd, target) if request.cwd is not None else None
-        plain = PlainExecutor(self.engine, target.id)
         try:
-            return await plain.run(replace(request, cwd=cwd))
+            return await run_exec(self.engine, target.id, replace(request, cwd=cwd))
         except ProviderError as exc:
             raise ProviderError(f"service {target.service!r} of sandbox {self.id}: {exc}") from None
 

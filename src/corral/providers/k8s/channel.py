@@ -23,6 +23,7 @@ A connection to the API server that fails while the helper starts fails that cal
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from corral.core.output import BoundedOutput
 from corral.core.session import ExecRequest, ExecResult
 from corral.errors import ProviderError
 from corral.helper import helper_archive, helper_binary
-from corral.helper.channel import Channel, Stateless
+from corral.helper.channel import Channel, PlainExecutor
 from corral.helper.channel import ChannelExecutor as _ChannelExecutor
 from corral.helper.link import ChannelUnavailable, L, Transport, greeted
 from corral.providers.k8s import probe
@@ -48,6 +49,7 @@ from corral.providers.k8s.execution import (
     kill,
     run_blocking_exec,
     run_exec,
+    run_own,
 )
 from corral.providers.k8s.pod import PROGRAMS, PROGRAMS_RW
 from corral.providers.k8s.websocket import WebSocketTransport
@@ -68,23 +70,13 @@ _HELPER = "corral-exec"
 PROBE_HELPER = f"{PROGRAMS_RW}/{_HELPER}"
 
 
-class PlainExecutor(Stateless):
-    """One websocket exec through the API server per command."""
-
-    def __init__(self, target: Target) -> None:
-        self.target = target
-
-    async def run(self, request: ExecRequest) -> ExecResult:
-        return await run_exec(self.target, request)
-
-
 class ChannelExecutor(_ChannelExecutor):
     """Execs through a helper in the sandbox container; plain websocket exec where it
     cannot."""
 
     def __init__(self, target: Target, sandbox_id: str) -> None:
         self.target = target
-        self.plain: PlainExecutor = PlainExecutor(target)
+        self.plain = PlainExecutor(functools.partial(run_exec, target))
         super().__init__(self.plain, sandbox_id, log)
         self._installed = False
 
@@ -114,7 +106,7 @@ class ChannelExecutor(_ChannelExecutor):
             node: Any = await call(target.tokens, target.clients.core.read_node, pod.spec.node_name)
             return str(node.status.node_info.architecture)
         except (ApiException, ProviderError, AttributeError):
-            found = await self.plain.run(ExecRequest(("uname", "-m"), timeout=30))
+            found = await run_own(self.target, ["uname", "-m"])
             return found.stdout.strip()
 
     async def _copy(self, binary: Any) -> None:

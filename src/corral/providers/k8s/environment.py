@@ -42,7 +42,7 @@ from corral.core.environment import BaseEnvironment
 from corral.core.labels import OWNER, SESSION, is_expired, new_session_id, session_labels
 from corral.core.plan import ExecutionPlan
 from corral.core.services import wait_healthy
-from corral.core.session import EnvironmentSession, ExecRequest
+from corral.core.session import EnvironmentSession
 from corral.core.snapshot import SnapshotRef
 from corral.core.snapshot_store import SnapshotShelf, default_root
 from corral.core.warmpool import Ready
@@ -54,7 +54,7 @@ from corral.network.targets import EntryType, IPAddress
 from corral.providers.k8s import enforcement, probe
 from corral.providers.k8s.api import Api, call, connect, explain, idempotent, status_of
 from corral.providers.k8s.config import KubernetesConfig
-from corral.providers.k8s.execution import Target, run_exec
+from corral.providers.k8s.execution import Target, run_own
 from corral.providers.k8s.pod import (
     BUSYBOX,
     CONTAINER,
@@ -388,10 +388,7 @@ class KubernetesEnvironment(BaseEnvironment):
             ) from None
 
     async def _open_gate(self, session: KubernetesSession) -> None:
-        opening = ExecRequest(
-            tuple(corral_sh(f"touch {READY_FILE}")), timeout=30, output_limit=4096
-        )
-        gate = await run_exec(session.target, opening)
+        gate = await run_own(session.target, corral_sh(f"touch {READY_FILE}"), output_limit=4096)
         if gate.returncode != 0:
             raise ProviderError(
                 f"could not open the workload gate in Pod {session.target.pod}: {gate.stderr}"

@@ -241,6 +241,21 @@ def run_blocking_exec(
     return execution.status, execution.timed_out
 
 
+async def run_own(
+    target: Target,
+    argv: Iterable[str],
+    *,
+    stdin: bytes | None = None,
+    timeout: float | None = 30,
+    output_limit: int = 64 * 1024,
+) -> ExecResult:
+    """A command of corral's own (the workload gate, a probe, a file call's check): one
+    websocket exec with a bounded wait, never through the exec channel, whose helper the
+    workload controls."""
+    request = ExecRequest(tuple(argv), stdin=stdin, timeout=timeout, output_limit=output_limit)
+    return await run_exec(target, request)
+
+
 async def run_exec(target: Target, request: ExecRequest) -> ExecResult:
     """`request` in `target` (its user is the container's: the exec API has no other)."""
     marker = new_marker()

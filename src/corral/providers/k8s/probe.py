@@ -17,10 +17,9 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from corral.core.session import ExecRequest
 from corral.errors import ProviderError
 from corral.providers.k8s.config import KubernetesConfig
-from corral.providers.k8s.execution import Target, run_exec
+from corral.providers.k8s.execution import Target, run_own
 
 CONTAINER = "corral-probe"
 _NOBODY = 65534
@@ -77,8 +76,7 @@ def container(cfg: KubernetesConfig, volume: str, mount: str) -> dict[str, Any]:
 
 async def run(target: Target, argv: list[str], stdin: bytes | None = None) -> str:
     """Run `argv` in the probe container; its stdout, or ProviderError if it failed."""
-    request = ExecRequest(tuple(argv), stdin=stdin, timeout=30, output_limit=64 * 1024)
-    result = await run_exec(target, request)
+    result = await run_own(target, argv, stdin=stdin)
     if result.returncode != 0:
         detail = result.stderr.strip()[-300:] or f"exit {result.returncode}"
         raise ProviderError(

@@ -7,6 +7,7 @@ directory; the policy covers them all, as it selects the Pod.
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import tarfile
@@ -44,7 +45,7 @@ from corral.errors import (
     RemotePathNotFound,
     UnsafeArchiveMember,
 )
-from corral.helper.channel import Executor
+from corral.helper.channel import Executor, PlainExecutor
 from corral.helper.link import ChannelUnavailable
 from corral.helper.procs import ProcessClient, ProcessLink
 from corral.network.policy import NetworkPolicy
@@ -55,7 +56,6 @@ from corral.providers.k8s.api import call
 from corral.providers.k8s.channel import (
     PROBE_HELPER,
     ChannelExecutor,
-    PlainExecutor,
     start_program,
 )
 from corral.providers.k8s.execution import (
@@ -63,6 +63,8 @@ from corral.providers.k8s.execution import (
     Target,
     exit_code,
     run_blocking_exec,
+    run_exec,
+    run_own,
 )
 from corral.providers.k8s.forward import PortForwarder
 from corral.providers.k8s.pod import BUSYBOX, corral_sh
@@ -143,7 +145,9 @@ class KubernetesSession(EnvironmentSession):
         #: how the sandbox container's execs run: one helper reached over one websocket
         #: (`channel.py`), or one websocket exec each; services always the latter
         self.executor: Executor = (
-            ChannelExecutor(target, id) if exec_channel else PlainExecutor(target)
+            ChannelExecutor(target, id)
+            if exec_channel
+            else PlainExecutor(functools.partial(run_exec, target))
         )
         self.prober = prober
         self.policy_name = policy_name
@@ -238,7 +242,7 @@ class KubernetesSession(EnvironmentSession):
         try:
             if request.service is None:
                 return await self.executor.run(replace(request, cwd=cwd))
-            return await PlainExecutor(place.target).run(replace(request, cwd=cwd))
+            return await run_exec(place.target, replace(request, cwd=cwd))
         except ProviderError as exc:
             if request.service is None or type(exc) is not ProviderError:
                 raise
@@ -252,10 +256,9 @@ class KubernetesSession(EnvironmentSession):
     async def _plain(self, place: Place, argv: list[str]) -> ExecResult:
         """A command of corral's own (the file calls' checks): one websocket exec, never
         through the exec channel, whose helper the workload controls."""
-        request = ExecRequest(
-            tuple(argv), timeout=self.default_timeout, output_limit=self.output_limit
+        return await run_own(
+            place.target, argv, timeout=self.default_timeout, output_limit=self.output_limit
         )
-        return await PlainExecutor(place.target).run(request)
 
     async def _stream_in(
         self,
