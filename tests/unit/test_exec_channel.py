@@ -4,7 +4,9 @@ the two transports' framing (Docker's engine stream headers, the k8s websocket).
 from __future__ import annotations
 
 import json
+import socket
 import struct
+import threading
 import time
 from typing import Any
 
@@ -201,23 +203,23 @@ def test_the_engine_stream_keeps_stdout_and_bounds_stderr() -> None:
         EngineStream().feed(chunk(7, b"x"))
 
 
-class _Sock:
-    """Enough of a socket for the websocket transport's parser."""
+def _connected() -> tuple[Any, socket.socket]:
+    """A websocket-client stand-in over one end of a socket pair, and the other end (the
+    API server's side)."""
+    ours, theirs = socket.socketpair()
 
-    def setblocking(self, flag: bool) -> None:
-        pass
+    def getsubprotocol(self: object) -> str:
+        return "v5.channel.k8s.io"
 
-    def fileno(self) -> int:
-        return self._r.fileno()
+    ws: Any = type("WS", (), {"sock": ours, "getsubprotocol": getsubprotocol})()
+    return ws, theirs
 
-    def __init__(self) -> None:
-        import socket
 
-        self._r, self._w = socket.socketpair()
-
-    def close(self) -> None:
-        self._r.close()
-        self._w.close()
+def _read_all(transport: WebSocketTransport) -> bytes:
+    got = b""
+    while data := transport.recv():
+        got += data
+    return got
 
 
 def _server_frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:
@@ -230,11 +232,10 @@ def _server_frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:
 
 
 def test_the_websocket_transport_routes_channels_fragments_and_pings() -> None:
-    sock = _Sock()
-    ws: Any = type("WS", (), {"sock": type("Inner", (), {"sock": sock})()})()
+    ws, server = _connected()
     transport = WebSocketTransport(ws)
     big = b"y" * 70000
-    data = (
+    server.sendall(
         _server_frame(ABNF.OPCODE_BINARY, b"\x01hel", fin=False)
         + _server_frame(ABNF.OPCODE_CONT, b"lo")
         + _server_frame(ABNF.OPCODE_BINARY, b"\x02diag")
@@ -243,32 +244,75 @@ def test_the_websocket_transport_routes_channels_fragments_and_pings() -> None:
         + _server_frame(ABNF.OPCODE_BINARY, b"\x03{status}")
         + _server_frame(ABNF.OPCODE_CLOSE, b"")
     )
-    got = b"".join(transport._parse(data[i : i + 1000]) for i in range(0, len(data), 1000))  # pyright: ignore[reportPrivateUsage]
-    assert got == b"hello" + big
+    assert _read_all(transport) == b"hello" + big, "a close frame ends the stream"
     assert transport.diagnostics() == "diag; {status}"
-    assert transport._outgoing[:1] == bytes([0x80 | ABNF.OPCODE_PONG]), "a ping is answered"  # pyright: ignore[reportPrivateUsage]
-    assert transport.recv() == b"", "a close frame ends the stream"
+    assert server.recv(1)[:1] == bytes([0x80 | ABNF.OPCODE_PONG]), "a ping is answered"
     transport.close()
     with pytest.raises(OSError):
         transport.send(b"late")
+    ws, server = _connected()
+    server.sendall(bytes([0x82, 127]) + (1 << 40).to_bytes(8, "big"))
     with pytest.raises(ProtocolError):
-        WebSocketTransport(
-            type("WS", (), {"sock": type("Inner", (), {"sock": _Sock()})()})()
-        )._parse(bytes([0x82, 127]) + (1 << 40).to_bytes(8, "big"))  # pyright: ignore[reportPrivateUsage]
+        WebSocketTransport(ws).recv()
+
+
+def test_the_websocket_transport_gives_plain_exec_every_channel_and_writes_while_it_reads() -> None:
+    """Plain exec queues its stdin and reads meanwhile: a peer that writes more than the
+    socket holds before it reads stdin never deadlocks it (it used to write all first)."""
+    ws, server = _connected()
+    transport = WebSocketTransport(ws)
+    stdin = b"s" * (8 << 20)
+    transport.queue(stdin)
+    transport.queue_close()
+    out = b"o" * (4 << 20)
+    received = bytearray()
+
+    def peer() -> None:  # all its output first, then its stdin
+        server.sendall(
+            _server_frame(ABNF.OPCODE_BINARY, b"\x01" + out)
+            + _server_frame(ABNF.OPCODE_BINARY, b"\x02err")
+            + _server_frame(ABNF.OPCODE_BINARY, b"\x03{}")
+        )
+        while chunk := server.recv(1 << 20):
+            received.extend(chunk)
+
+    thread = threading.Thread(target=peer)
+    thread.start()
+    frames: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + 30
+    while transport.backlog() or sum(len(d) for _, d in frames) < len(out) + 5:
+        assert time.monotonic() < deadline, "stdin and output did not both get through"
+        got = transport.exchange(0.05)
+        assert got is not None
+        frames += got
+    assert transport.exchange(0.01) == [], "nothing more came: the wait is bounded"
+    transport.close()
+    thread.join()
+    server.close()
+    assert b"".join(d for c, d in frames if c == 1) == out
+    assert [(c, d) for c, d in frames if c != 1] == [(2, b"err"), (3, b"{}")]
+    assert len(received) > len(stdin)
+    close, mask = received[-8:-6], received[-6:-2]
+    assert close == bytes([0x82, 0x82]), "a masked two-byte binary frame ends the stream"
+    assert ABNF.mask(bytes(mask), bytes(received[-2:])) == bytes([255, 0]), (
+        "stdin's end (v5 CLOSE) comes last"
+    )
 
 
 def test_the_port_forward_layout_drops_each_channels_port_and_keeps_its_errors() -> None:
-    ws: Any = type("WS", (), {"sock": type("Inner", (), {"sock": _Sock()})()})()
+    ws, server = _connected()
     transport = WebSocketTransport(ws, PORT_FORWARD)
     port = (8080).to_bytes(2, "little")
-    data = (
+    server.sendall(
         _server_frame(ABNF.OPCODE_BINARY, b"\x00" + port)
         + _server_frame(ABNF.OPCODE_BINARY, b"\x01" + port)
         + _server_frame(ABNF.OPCODE_BINARY, b"\x00HTTP/1.1 200")
         + _server_frame(ABNF.OPCODE_BINARY, b"\x00\x90\x1f more")
         + _server_frame(ABNF.OPCODE_BINARY, b"\x01connection refused")
     )
-    got = transport._parse(data)  # pyright: ignore[reportPrivateUsage]
+    server.shutdown(socket.SHUT_WR)
+    got = _read_all(transport)
     assert got == b"HTTP/1.1 200\x90\x1f more", "only the first two bytes of a channel are its port"
     assert transport.diagnostics() == "connection refused"
     transport.close()
+    server.close()

@@ -19,7 +19,7 @@ import pytest
 from corral import ExecutionPlan
 from corral.core.session import ExecRequest
 from corral.errors import ExecUserUnsupported
-from corral.providers.k8s import execution
+from corral.providers.k8s.api import Clients
 from corral.providers.k8s.channel import ChannelExecutor
 from corral.providers.k8s.session import KubernetesSession
 from tests.integration import exec_channel_cases as cases
@@ -37,17 +37,17 @@ def _channel(session: object) -> ChannelExecutor:
 
 
 class _Counted:
-    """Counts the plain websocket execs (`execution.stream`) made while it is installed."""
+    """Counts the websocket execs (`Clients.websocket`) made while it is installed."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        real = execution.stream
+        real = Clients.websocket
 
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.calls += 1
-            return real(*args, **kwargs)
+        def counted(clients: Clients, method: str, *args: Any, **kwargs: Any) -> Any:
+            self.calls += method == "connect_get_namespaced_pod_exec"
+            return real(clients, method, *args, **kwargs)
 
-        monkeypatch.setattr(execution, "stream", counted)
+        monkeypatch.setattr(Clients, "websocket", counted)
 
 
 async def test_execs_go_through_one_channel(
@@ -72,6 +72,25 @@ async def test_without_the_channel_each_exec_is_a_websocket_exec(
         for _ in range(3):
             await session.exec(["true"])
     assert counted.calls == 3
+
+
+@pytest.mark.parametrize("exec_channel", [False, True])
+async def test_a_command_that_prints_before_it_reads_its_stdin_completes(
+    namespace: str, exec_channel: bool
+) -> None:
+    """The plain path used to write the whole stdin before reading: a command that fills
+    the stream with output before it reads stdin deadlocked it, past its timeout."""
+    stdin = b"s" * (32 << 20)
+    async with make_env(namespace, exec_channel=exec_channel).session(PLAN) as session:
+        started = time.monotonic()
+        result = await session.exec(
+            "head -c 33554432 /dev/zero | tr '\\0' o; echo; wc -c", stdin=stdin, timeout=60
+        )
+        took = time.monotonic() - started
+    assert not result.timed_out, f"deadlocked: timed out after {took:.0f} s"
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == str(len(stdin))
+    assert result.stdout_truncated
 
 
 async def test_exit_codes_and_signals_match_plain_exec(namespace: str) -> None:

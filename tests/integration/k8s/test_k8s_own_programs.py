@@ -15,7 +15,7 @@ import pytest
 from corral import EnvironmentSession, ExecutionPlan, NetworkPolicy, NetworkSchedule, TaskRun
 from corral.core.session import ExecRequest
 from corral.errors import TransferLimitExceeded
-from corral.providers.k8s import execution
+from corral.providers.k8s.api import Clients
 from corral.providers.k8s.channel import ChannelExecutor
 from corral.providers.k8s.pod import BUSYBOX, PROGRAMS
 from corral.providers.k8s.session import KubernetesSession
@@ -130,13 +130,14 @@ async def test_every_program_corral_runs_in_the_pod_is_corral_s(
     the API server for in the sandbox container starts one of corral's read-only programs;
     every other container corral adds runs corral's image."""
     sent: list[tuple[str, list[str]]] = []
-    real = execution.stream
+    real = Clients.websocket
 
-    def recording(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        sent.append((kwargs["container"], list(kwargs["command"])))
-        return real(fn, *args, **kwargs)
+    def recording(clients: Clients, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "connect_get_namespaced_pod_exec":
+            sent.append((kwargs["container"], list(kwargs["command"])))
+        return real(clients, method, *args, **kwargs)
 
-    monkeypatch.setattr(execution, "stream", recording)
+    monkeypatch.setattr(Clients, "websocket", recording)
     schedule = NetworkSchedule(
         baseline=NetworkPolicy.public(),
         run=NetworkPolicy.no_network(),

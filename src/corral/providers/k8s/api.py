@@ -5,6 +5,7 @@ timed out) of idempotent calls. A call that fails for any reason but a 4xx answe
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import ssl
@@ -12,9 +13,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
 
+import certifi
 import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
+from websocket import WebSocket, WebSocketException
 
 from corral.core.blocking import run_blocking, run_idempotent, run_stoppable
 from corral.errors import ProviderError
@@ -27,6 +30,11 @@ T = TypeVar("T")
 Api = Any
 k8s: Api = importlib.import_module("kubernetes.client")
 k8s_config: Api = importlib.import_module("kubernetes.config")
+ws_client: Api = importlib.import_module("kubernetes.stream.ws_client")
+#: how `kubernetes.stream` runs a generated method over a websocket of the caller's making
+_websocket_request: Api = vars(importlib.import_module("kubernetes.stream.stream"))[
+    "_websocket_request"
+]
 
 #: Failures of the connection to the API server (not of local files).
 TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, ssl.SSLError)
@@ -57,6 +65,7 @@ def connect(config: KubernetesConfig) -> Api:
         k8s.NetworkingV1Api(api_client),
         configuration,
         config.max_workers,
+        config.api_timeout_s,
     )
 
 
@@ -76,26 +85,82 @@ class Clients:
     """The API server's clients, and `tokens`: at most that many of their blocking calls
     in worker threads at once (the config's `max_workers`)."""
 
-    def __init__(self, core: Api, networking: Api, configuration: Api, tokens: int) -> None:
+    def __init__(
+        self, core: Api, networking: Api, configuration: Api, tokens: int, timeout_s: float
+    ) -> None:
         self.core = core
         self.networking = networking
         self.configuration = configuration
         self.tokens = tokens
+        #: how long a websocket's connect, TLS and upgrade may take (`api_timeout_s`)
+        self.timeout_s = timeout_s
         self.host: str = configuration.host
         self._local = threading.local()
 
-    def streaming(self) -> Api:
-        """A CoreV1Api for exec/port-forward websockets, one per worker thread.
-
-        `kubernetes.stream` swaps its ApiClient's `request` for the websocket call while
-        it connects; on a shared client a REST call from another thread at that moment
-        would go out as a websocket handshake. A client per thread cannot race.
-        """
+    def websocket(self, method: str, *args: Any, **kwargs: Any) -> WebSocket:
+        """The streaming websocket (exec, port-forward) of CoreV1Api's `method`, its
+        handshake done and nothing read yet (blocking). The request is built by the
+        kubernetes client (URL, query, credentials); the connection here, because the
+        client's own has no timeout at all and waits for good on an API server that
+        accepts and never answers. Raises ProviderError if it cannot be opened."""
+        # The generated method only builds the request: `kubernetes.stream` swaps its
+        # ApiClient's call for the websocket's while it runs, so a client per thread (a
+        # REST call from another thread at that moment would go out as a handshake).
         core: Api | None = getattr(self._local, "core", None)
         if core is None:
             core = k8s.CoreV1Api(k8s.ApiClient(self.configuration))
             self._local.core = core
-        return core
+        handshake = functools.partial(_handshake, timeout_s=self.timeout_s)
+        try:
+            ws: WebSocket = _websocket_request(
+                handshake, None, getattr(core, method), *args, **kwargs
+            )
+            return ws
+        except (WebSocketException, *TRANSPORT_ERRORS, OSError) as exc:
+            raise ProviderError(
+                f"{method} {args[0] if args else ''}: the websocket to the API server could "
+                f"not be opened ({type(exc).__name__}: {exc})"
+            ) from None
+
+
+def _handshake(
+    configuration: Api, _method: str, url: str, *, timeout_s: float, **kwargs: Any
+) -> WebSocket:
+    """The kubernetes client's websocket options (`ws_client.create_websocket`), with a
+    timeout on the connect, TLS and upgrade; afterwards the socket blocks again, and each
+    caller sets its own waits."""
+    headers: dict[str, str] = kwargs.get("headers") or {}
+    header: list[str] = []
+    if "authorization" in headers:
+        header.append(f"authorization: {headers['authorization']}")
+    if url.startswith("https") and configuration.verify_ssl:
+        sslopt: dict[str, Any] = {
+            "cert_reqs": ssl.CERT_REQUIRED,
+            "ca_certs": configuration.ssl_ca_cert or certifi.where(),
+        }
+        if configuration.assert_hostname is not None:
+            sslopt["check_hostname"] = configuration.assert_hostname
+    else:
+        sslopt = {"cert_reqs": ssl.CERT_NONE}
+    for option, value in (
+        ("certfile", configuration.cert_file),
+        ("keyfile", configuration.key_file),
+        ("server_hostname", configuration.tls_server_name),
+    ):
+        if value:
+            sslopt[option] = value
+    options: dict[str, Any] = {
+        "header": header,
+        # named as subprotocols (not a header) so that the one chosen is read back
+        "subprotocols": [ws_client.V5_CHANNEL_PROTOCOL, ws_client.V4_CHANNEL_PROTOCOL],
+        "timeout": timeout_s,
+    }
+    if configuration.proxy or configuration.proxy_headers:
+        options = ws_client.websocket_proxycare(options, configuration, url, headers)
+    ws: Api = WebSocket(sslopt=sslopt, skip_utf8_validation=False)
+    ws.connect(ws_client.get_websocket_url(url, kwargs.get("query_params")), **options)
+    ws.settimeout(None)
+    return ws
 
 
 def status_of(exc: ApiException) -> int:

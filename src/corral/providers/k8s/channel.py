@@ -41,7 +41,7 @@ from corral.helper.channel import Channel, PlainExecutor
 from corral.helper.channel import ChannelExecutor as _ChannelExecutor
 from corral.helper.link import ChannelUnavailable, L, Transport, greeted
 from corral.providers.k8s import probe
-from corral.providers.k8s.api import call, explain
+from corral.providers.k8s.api import call
 from corral.providers.k8s.execution import (
     Target,
     connect,
@@ -52,7 +52,6 @@ from corral.providers.k8s.execution import (
     run_own,
 )
 from corral.providers.k8s.pod import PROGRAMS, PROGRAMS_RW
-from corral.providers.k8s.websocket import WebSocketTransport
 
 log = logging.getLogger("corral.k8s.channel")
 
@@ -164,8 +163,5 @@ async def start_program(target: Target, argv: list[str], link: Callable[[Transpo
     """One of corral's programs in the sandbox container over one websocket exec, once it
     said hello. Refused or lost, the API server fails this call as it would a plain exec
     (a ProviderError); ChannelUnavailable (having cleaned up) if it does not answer."""
-    try:
-        ws = await call(target.tokens, connect, target, argv, stdin=True)
-    except ApiException as exc:
-        raise ProviderError(f"exec in Pod {target.pod} failed: {explain(exc)}") from None
-    return await greeted(link(WebSocketTransport(ws)))
+    transport = await call(target.tokens, connect, target, argv, stdin=True)
+    return await greeted(link(transport))

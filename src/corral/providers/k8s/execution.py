@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import json
 import threading
 import time
@@ -20,14 +19,7 @@ from typing import Any
 
 import anyio
 import anyio.from_thread
-from kubernetes.client.exceptions import ApiException
-from kubernetes.stream.ws_client import (
-    CLOSE_CHANNEL,
-    ERROR_CHANNEL,
-    STDERR_CHANNEL,
-    STDOUT_CHANNEL,
-)
-from websocket import ABNF, WebSocketException, WebSocketTimeoutException
+from kubernetes.stream.ws_client import ERROR_CHANNEL, STDERR_CHANNEL, STDOUT_CHANNEL
 
 from corral.core.capture import Capture
 from corral.core.markers import MARKER, kill_tree_argv, new_marker
@@ -39,11 +31,12 @@ from corral.core.session import (
     emit,
 )
 from corral.errors import ProviderError
-from corral.providers.k8s.api import TRANSPORT_ERRORS, Api, call, explain, stoppable
+from corral.helper.link import ProtocolError
+from corral.providers.k8s.api import TRANSPORT_ERRORS, Api, call, stoppable
+from corral.providers.k8s.websocket import EXEC, WebSocketTransport
 
-stream: Api = importlib.import_module("kubernetes.stream").stream
-
-FRAME = 1024 * 1024
+#: bytes of stdin queued ahead of the socket at most (one chunk more may be)
+STDIN_AHEAD = 4 * 1024 * 1024
 #: seconds a kill of a marked tree may run before corral stops waiting for it
 KILL_S = 10.0
 #: seconds between looks at the deadline and the stop event while no frame arrives
@@ -127,11 +120,11 @@ def exit_code(status: str) -> int | None:
     raise ProviderError(f"exec failed in the Pod: {parsed.get('message', status)}")
 
 
-def connect(target: Target, argv: list[str], *, stdin: bool) -> Any:
+def connect(target: Target, argv: list[str], *, stdin: bool) -> WebSocketTransport:
     """The exec websocket of `argv` in `target`, its handshake done and nothing read yet
-    (blocking); raises ApiException when the API server refuses it."""
-    return stream(
-        target.clients.streaming().connect_get_namespaced_pod_exec,
+    (blocking); ProviderError if the API server refuses it or does not answer."""
+    ws = target.clients.websocket(
+        "connect_get_namespaced_pod_exec",
         target.pod,
         target.namespace,
         container=target.container,
@@ -143,11 +136,15 @@ def connect(target: Target, argv: list[str], *, stdin: bool) -> Any:
         _preload_content=False,
         binary=True,
     )
+    return WebSocketTransport(ws, EXEC)
 
 
 class ExecStream:
     """One exec, driven in the calling thread; iterating yields (stream, bytes) as they
-    arrive, after which `status` holds the status channel's JSON."""
+    arrive, after which `status` holds the status channel's JSON.
+
+    stdin is written between reads, never ahead of them: a command that prints before it
+    reads gets its stdin, and the deadline and `stop` are looked at every POLL_S."""
 
     def __init__(
         self,
@@ -166,63 +163,56 @@ class ExecStream:
         self.timed_out = False
 
     def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
-        try:
-            ws: Any = connect(self.target, self.argv, stdin=self.stdin is not None)
-        except ApiException as exc:
-            raise ProviderError(f"exec in Pod {self.target.pod} failed: {explain(exc)}") from None
+        transport = connect(self.target, self.argv, stdin=self.stdin is not None)
         status: bytes = b""
+        ended = False
         try:
-            if self.stdin is not None:
-                for chunk in self.stdin:
-                    for start in range(0, len(chunk), FRAME):
-                        if self.stop.is_set():
-                            return
-                        ws.write_stdin(chunk[start : start + FRAME])
-                ws.close_channel(0)
-            for channel, data in self._frames(ws.sock):
+            for channel, data in self._frames(transport):
                 name = _CHANNELS.get(channel)
                 if name is not None:
                     yield name, data
                 elif channel == ERROR_CHANNEL:
                     status += data
-        except (WebSocketException, *TRANSPORT_ERRORS) as exc:
+            ended = not (self.timed_out or self.stop.is_set())
+        except (ProtocolError, *TRANSPORT_ERRORS) as exc:
             raise ProviderError(
                 f"exec in Pod {self.target.pod}: the connection to the API server was lost "
                 f"({type(exc).__name__}: {exc})"
             ) from None
         finally:
-            ws.close()
+            transport.close()
             self.status = status.decode("utf-8", errors="replace")
-        if self.timed_out or self.stop.is_set():
-            return  # cut short: no status to expect
-        if not status:
+        if ended and not status:
             # The API server always sends the exit status before it closes the stream.
             raise ProviderError(
                 f"exec in Pod {self.target.pod}: the stream closed before the command's exit "
                 "status arrived (the API server or the Pod went away)"
             )
 
-    def _frames(self, sock: Any) -> Iterator[tuple[int, bytes]]:
+    def _frames(self, transport: WebSocketTransport) -> Iterator[tuple[int, bytes]]:
         """(channel, payload) of each data frame until the server closes the stream, the
-        deadline passes or `stop` is set. Read from the websocket itself: the client's
-        `update()`/`read_channel()` loop loses bytes of large outputs (50 MB trees came
-        back short) and copies every byte into a buffer it never empties."""
-        sock.settimeout(POLL_S)  # a read cut short resumes where it stopped
+        deadline passes or `stop` is set; stdin queued a few chunks ahead of the socket.
+        Read from the websocket itself: the client's `update()`/`read_channel()` loop
+        loses bytes of large outputs (50 MB trees came back short) and copies every byte
+        into a buffer it never empties."""
+        chunks = None if self.stdin is None else iter(self.stdin)
         while True:
             if self.stop.is_set():
                 return
             if self.deadline is not None and time.monotonic() > self.deadline:
                 self.timed_out = True
                 return
-            try:
-                opcode, frame = sock.recv_data_frame(True)
-            except WebSocketTimeoutException:
-                continue
-            if opcode == ABNF.OPCODE_CLOSE:
+            while chunks is not None and transport.backlog() < STDIN_AHEAD:
+                chunk = next(chunks, None)
+                if chunk is None:
+                    transport.queue_close()
+                    chunks = None
+                else:
+                    transport.queue(chunk)
+            frames = transport.exchange(POLL_S)
+            if frames is None:
                 return
-            data: bytes = frame.data if opcode in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) else b""
-            if data and data[0] != CLOSE_CHANNEL:  # v5: a channel closed (stdout, stderr)
-                yield data[0], data[1:]
+            yield from frames
 
 
 def run_blocking_exec(

@@ -14,7 +14,6 @@ import socket
 import threading
 
 from corral.providers.k8s.api import Api
-from corral.providers.k8s.execution import stream
 from corral.providers.k8s.websocket import IO_CHUNK, PORT_FORWARD, WebSocketTransport
 
 
@@ -46,8 +45,8 @@ class PortForwarder:
     def _serve(self, conn: socket.socket) -> None:
         transport: WebSocketTransport | None = None
         try:
-            ws: Api = stream(
-                self.clients.streaming().connect_get_namespaced_pod_portforward,
+            ws = self.clients.websocket(
+                "connect_get_namespaced_pod_portforward",
                 self.pod,
                 self.namespace,
                 ports=str(self.remote_port),

@@ -8,7 +8,9 @@ to flush them. The wait is on an epoll selector, never `select()`: a harness wit
 thousand sandboxes has descriptors above 1024 (the kubernetes client's own port-forward
 proxy fails there with "filedescriptor out of range in select()").
 
-The connection itself (URL, credentials, subprotocol) is made by the kubernetes client.
+The connection itself is opened by `api.Clients.websocket`. Plain exec reads every channel
+through `exchange`, writing its stdin between reads; the exec channel and port-forward
+read one channel through `recv`.
 """
 
 from __future__ import annotations
@@ -19,18 +21,24 @@ import socket
 import ssl
 import threading
 from dataclasses import dataclass
-from typing import Any
 
-from kubernetes.stream.ws_client import ERROR_CHANNEL, STDERR_CHANNEL, STDOUT_CHANNEL
-from websocket import ABNF
+from kubernetes.stream.ws_client import (
+    CLOSE_CHANNEL,
+    ERROR_CHANNEL,
+    STDERR_CHANNEL,
+    STDOUT_CHANNEL,
+    V5_CHANNEL_PROTOCOL,
+)
+from websocket import ABNF, WebSocket
 
 from corral.helper.link import DIAGNOSTICS, ProtocolError
-from corral.providers.k8s.execution import FRAME
 
 #: bytes read from, or written to, the socket at once
 IO_CHUNK = 64 * 1024
 #: a websocket frame from the API server larger than this is garbage
 MAX_WS_FRAME = 16 << 20
+#: the payload of one websocket frame corral sends
+FRAME = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -57,11 +65,13 @@ _PORT_PREFIX = 2
 class WebSocketTransport:
     """The websocket after its handshake, driven by the thread that calls `recv`."""
 
-    def __init__(self, ws: Any, channels: Channels = EXEC) -> None:
+    def __init__(self, ws: WebSocket, channels: Channels = EXEC) -> None:
         self._ws = ws
         self._channels = channels
         self._head = bytes([channels.outgoing])
-        self._sock: socket.socket = ws.sock.sock
+        if ws.sock is None:
+            raise OSError("the websocket is not connected")
+        self._sock: socket.socket = ws.sock
         self._sock.setblocking(False)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -84,10 +94,7 @@ class WebSocketTransport:
     # -- any thread --------------------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
-        frames = b"".join(
-            ABNF.create_frame(self._head + data[i : i + FRAME], ABNF.OPCODE_BINARY).format()
-            for i in range(0, len(data), FRAME)
-        )
+        frames = self._framed(data)
         with self._cond:
             if self._shut or self._failed is not None:
                 raise OSError(f"the stream is {self._failed or 'shut'}")
@@ -118,57 +125,92 @@ class WebSocketTransport:
     # -- the reader thread only -----------------------------------------------------------------
 
     def recv(self) -> bytes:
+        """The incoming channel's next bytes; b"" once the stream ended or was shut."""
         while True:
-            with self._cond:
-                if self._shut or self._ended:
-                    return b""
-                pending = bytes(self._outgoing[:IO_CHUNK])
-            wrote = 0
-            if pending:
-                # Retried with the same leading bytes, as OpenSSL requires after a WANT.
-                with contextlib.suppress(
-                    BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError
-                ):
-                    wrote = self._sock.send(pending)
-                if wrote:
-                    with self._cond:
-                        del self._outgoing[:wrote]
-                        self._sent += wrote
-                        self._cond.notify_all()
-            data: bytes | None = None
-            with contextlib.suppress(BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                data = self._sock.recv(IO_CHUNK)
-            if data == b"":
+            frames = self.exchange(None)
+            if frames is None:
                 return b""
-            if data is not None:
-                incoming = self._parse(data)
-                if incoming:
-                    return incoming
-                continue
-            if wrote:
-                continue
-            self._wait()
+            incoming = bytearray()
+            for channel, body in frames:
+                if channel == self._channels.incoming:
+                    incoming += body
+                elif (kept := self._kept.get(channel)) is not None and len(kept) < DIAGNOSTICS:
+                    kept += body[: DIAGNOSTICS - len(kept)]
+            if incoming:
+                return bytes(incoming)
 
-    def _wait(self) -> None:
+    def queue(self, data: bytes) -> None:
+        """`data` for the outgoing channel, written while this thread reads (`exchange`):
+        a peer that writes before it reads never waits on us, nor we on it."""
+        self._queue(self._framed(data))
+
+    def queue_close(self) -> None:
+        """The outgoing channel's end (v5's CLOSE signal; v4 has none), after what is
+        queued."""
+        if self._ws.getsubprotocol() == V5_CHANNEL_PROTOCOL:
+            frame = bytes([CLOSE_CHANNEL, self._channels.outgoing])
+            self._queue(ABNF.create_frame(frame, ABNF.OPCODE_BINARY).format())
+
+    def backlog(self) -> int:
+        """Bytes queued and not yet written."""
+        with self._cond:
+            return len(self._outgoing)
+
+    def exchange(self, timeout: float | None) -> list[tuple[int, bytes]] | None:
+        """One round: write what is queued, read what has come, each without blocking;
+        if neither could, wait up to `timeout` (None: until one can). The (channel, bytes)
+        of the data frames read, possibly none; None once the stream ended or was shut."""
+        with self._cond:
+            if self._shut or self._ended:
+                return None
+            pending = bytes(self._outgoing[:IO_CHUNK])
+        wrote = 0
+        if pending:
+            # Retried with the same leading bytes, as OpenSSL requires after a WANT.
+            with contextlib.suppress(BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                wrote = self._sock.send(pending)
+            if wrote:
+                with self._cond:
+                    del self._outgoing[:wrote]
+                    self._sent += wrote
+                    self._cond.notify_all()
+        data: bytes | None = None
+        with contextlib.suppress(BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            data = self._sock.recv(IO_CHUNK)
+        if data == b"":
+            return None
+        if data is not None:
+            return self._parse(data)
+        if not wrote:
+            self._wait(timeout)
+        return []
+
+    def _wait(self, timeout: float | None) -> None:
         with self._cond:
             writing = bool(self._outgoing)
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if writing else 0)
         self._selector.modify(self._sock, events)
-        for key, _ in self._selector.select():
+        for key, _ in self._selector.select(timeout):
             if key.fileobj is self._wake_r:
                 with contextlib.suppress(BlockingIOError):
                     while self._wake_r.recv(4096):
                         pass
+
+    def _framed(self, data: bytes) -> bytes:
+        return b"".join(
+            ABNF.create_frame(self._head + data[i : i + FRAME], ABNF.OPCODE_BINARY).format()
+            for i in range(0, len(data), FRAME)
+        )
 
     def _queue(self, frame: bytes) -> None:
         with self._cond:
             self._outgoing += frame
             self._queued += len(frame)
 
-    def _parse(self, data: bytes) -> bytes:
-        """The incoming channel's bytes among the websocket frames `data` completes."""
+    def _parse(self, data: bytes) -> list[tuple[int, bytes]]:
+        """The (channel, bytes) of the data frames `data` completes."""
         self._incoming += data
-        incoming = bytearray()
+        frames: list[tuple[int, bytes]] = []
         buffer = self._incoming
         while len(buffer) >= 2:
             fin, opcode = buffer[0] & 0x80, buffer[0] & 0x0F
@@ -199,23 +241,20 @@ class WebSocketTransport:
             elif opcode in (ABNF.OPCODE_TEXT, ABNF.OPCODE_BINARY) and payload:
                 channel, body = payload[0], payload[1:]
                 self._continued = None if fin else channel
-                self._route(channel, body, incoming)
+                frames.append((channel, self._unprefixed(channel, body)))
             elif opcode == ABNF.OPCODE_CONT and self._continued is not None:
                 channel = self._continued
                 if fin:
                     self._continued = None
-                self._route(channel, payload, incoming)
-        return bytes(incoming)
+                frames.append((channel, self._unprefixed(channel, payload)))
+        return [(channel, body) for channel, body in frames if body]
 
-    def _route(self, channel: int, body: bytes, incoming: bytearray) -> None:
+    def _unprefixed(self, channel: int, body: bytes) -> bytes:
         skip = self._prefix.get(channel, 0)
         if skip:
             self._prefix[channel] = skip - min(skip, len(body))
             body = body[skip:]
-        if channel == self._channels.incoming:
-            incoming += body
-        elif (kept := self._kept.get(channel)) is not None and len(kept) < DIAGNOSTICS:
-            kept += body[: DIAGNOSTICS - len(kept)]
+        return body
 
     def close(self) -> None:
         with self._cond:
