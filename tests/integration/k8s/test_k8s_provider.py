@@ -259,3 +259,34 @@ async def test_a_large_tree_comes_back_whole(
     }
     assert got == expected
     assert taken < 30, f"40 MB took {taken:.1f} s"
+
+
+@pytest.mark.parametrize("call", ["download", "download_dir", "upload"])
+async def test_a_transfer_cancelled_midway_stops_within_a_poll(
+    k8s_env: KubernetesEnvironment, tmp_path: Path, call: str
+) -> None:
+    """A transfer ran in a worker thread that nothing could stop: a cancelled download of
+    a large file went on to its end (and wrote it) while the caller waited."""
+    size = 600 << 20
+    source = tmp_path / "big.bin"
+    with source.open("wb") as out:
+        out.truncate(size)
+    async with k8s_env.session(plan("no-network")) as sandbox:
+        made = await sandbox.exec(
+            ["sh", "-c", f"mkdir /tmp/d && head -c {size} /dev/zero > /tmp/d/big"], timeout=120
+        )
+        assert made.returncode == 0, made
+        transfers = {
+            "download": lambda: sandbox.download("/tmp/d/big", tmp_path / "got.bin"),
+            "download_dir": lambda: sandbox.download_dir("/tmp/d", tmp_path / "got"),
+            "upload": lambda: sandbox.upload(source, "/tmp/up.bin"),
+        }
+        started = time.monotonic()
+        with anyio.move_on_after(1.0) as scope:
+            await transfers[call]()
+        stopped = time.monotonic() - started
+        after = await sandbox.exec(["sh", "-c", "ls -l /tmp/up.bin 2>/dev/null; true"])
+    assert scope.cancelled_caught, f"{call} of {size} bytes ended within 1 s: not midway"
+    assert stopped < 3, f"the cancelled {call} returned after {stopped:.1f} s"
+    assert not (tmp_path / "got.bin").exists(), "a cancelled download wrote its file"
+    assert str(size) not in after.stdout, "a cancelled upload arrived whole"

@@ -12,6 +12,7 @@ import os
 import posixpath
 import tarfile
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,7 +53,7 @@ from corral.network.policy import NetworkPolicy
 from corral.network.resolve import needs_dns
 from corral.network.targets import EntryType, IPAddress
 from corral.providers.k8s import enforcement
-from corral.providers.k8s.api import call
+from corral.providers.k8s.api import stoppable
 from corral.providers.k8s.channel import (
     PROBE_HELPER,
     ChannelExecutor,
@@ -277,32 +278,38 @@ class KubernetesSession(EnvironmentSession):
         listed = b"".join(d.encode() + b"\0" for d in dirs)
         with tempfile.TemporaryFile() as spool:
 
-            def write() -> int:
+            def write(stop: threading.Event) -> int:
                 spool.write(listed)
                 for chunk in chunks:
+                    if stop.is_set():  # cancelled: the cancellation replaces this
+                        raise ProviderError("the upload was cancelled")
                     spool.write(chunk)
                 size = spool.tell() - len(listed)
                 spool.seek(0)
                 return size
 
-            size = await anyio.to_thread.run_sync(write)
+            size = await stoppable(self.target.tokens, write)
             frames = iter(lambda: spool.read(CHUNK), b"")
             stderr = BoundedOutput(64 * 1024)
-            status, _ = await call(
+            # Cancelled midway, the stream is dropped within a poll: the Pod's tar sees
+            # its archive end early and fails, and nothing past it is sent.
+            status, _ = await stoppable(
                 self.target.tokens,
-                run_blocking_exec,
-                place.target,
-                place.script(
-                    _UNTAR,
-                    directory,
-                    str(size),
-                    "dir" if root else "",
-                    str(len(listed)),
-                    f"{BUSYBOX} sh" if place.corral_s else "sh",
+                functools.partial(
+                    run_blocking_exec,
+                    place.target,
+                    place.script(
+                        _UNTAR,
+                        directory,
+                        str(size),
+                        "dir" if root else "",
+                        str(len(listed)),
+                        f"{BUSYBOX} sh" if place.corral_s else "sh",
+                    ),
+                    frames,
+                    None,
+                    lambda name, data: stderr.feed(data) if name == "stderr" else None,
                 ),
-                frames,
-                None,
-                lambda name, data: stderr.feed(data) if name == "stderr" else None,
             )
         code = exit_code(status)
         if code == NO_TAR or "tar: not found" in stderr.text():
@@ -363,21 +370,24 @@ class KubernetesSession(EnvironmentSession):
         size = int(sized.stdout.strip())
         file_limit(remote, size, max_bytes)
 
-        def read_range(index: int) -> bytes:
+        def read_range(index: int, stop: threading.Event) -> bytes:
             want = min(RANGE_MIB << 20, size - (index * RANGE_MIB << 20))
             argv = place.script(_RANGE, source, str(index * RANGE_MIB), str(RANGE_MIB))
             for _ in range(RANGE_TRIES):
-                data = b"".join(d for n, d in ExecStream(place.target, argv) if n == "stdout")
+                execution = ExecStream(place.target, argv, stop=stop)
+                data = b"".join(d for n, d in execution if n == "stdout")
+                if stop.is_set():  # cancelled: `local` is left as it was
+                    raise ProviderError(f"reading {remote!r} was cancelled")
                 if len(data) == want:
                     return data
             raise ProviderError(f"reading {remote!r}: the Pod kept sending short ranges")
 
-        def copy() -> None:
+        def copy(stop: threading.Event) -> None:
             with replacing(local) as out:
                 for index in range(-(-size // (RANGE_MIB << 20))):
-                    out.write(read_range(index))
+                    out.write(read_range(index, stop))
 
-        await call(self.target.tokens, copy)
+        await stoppable(self.target.tokens, copy)
 
     async def download_dir(
         self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
@@ -388,9 +398,12 @@ class KubernetesSession(EnvironmentSession):
         probe = await self._plain(place, check)
         if probe.returncode == MISSING:
             raise RemotePathNotFound(remote_dir)
-        execution = ExecStream(place.target, place.script(_TAR, source))
+        statuses: list[str] = []
 
-        def extract() -> None:
+        def extract(stop: threading.Event) -> None:
+            # Cancelled midway, the archive ends early (a ProviderError the cancellation
+            # replaces); what was already unpacked under `local_dir` stays.
+            execution = ExecStream(place.target, place.script(_TAR, source), stop=stop)
             frames = iter(execution)
             try:
                 extract_tar((data for name, data in frames if name == "stdout"), local_dir)
@@ -401,9 +414,10 @@ class KubernetesSession(EnvironmentSession):
                 ) from None
             for _ in frames:  # tar stops at its end marker; read on to the exit status
                 pass
+            statuses.append(execution.status)
 
-        await call(self.target.tokens, extract)
-        if exit_code(execution.status) != 0:
+        await stoppable(self.target.tokens, extract)
+        if exit_code(statuses[0]) != 0:
             raise ProviderError(f"packing {remote_dir!r} in the Pod failed")
 
     async def _apply_network_policy(self, policy: NetworkPolicy) -> None:
