@@ -141,6 +141,12 @@ class BaseEnvironment(abc.ABC):
         """Whether the provider's engine or cluster answers with default settings."""
         return True
 
+    async def _probe_host(self) -> None:
+        """Learn, off the event loop, whatever the capability attributes read from this
+        host (a provider whose capabilities depend on it probes here, once per process);
+        `open()` and `attach()` await it before they read one. Nothing, by default."""
+        return
+
     def default_demo_image(self) -> str | None:
         """The image `corral demo` uses when none is given."""
         return None
@@ -173,6 +179,7 @@ class BaseEnvironment(abc.ABC):
         any process) is reattached as it is, with the policy it has; it is never
         duplicated. With `from_snapshot`, the sandbox starts from a saved state (`fork`).
         """
+        await self._probe_host()
         if session_id is not None:
             session_id = checked_session_id(session_id)
             self._require("reattach", self.supports_reattach)
@@ -194,6 +201,7 @@ class BaseEnvironment(abc.ABC):
         from the provider; `SessionNotFound` if there is none. Closing it removes the
         sandbox, as closing the session that opened it would."""
         session_id = checked_session_id(session_id)
+        await self._probe_host()
         self._require("reattach", self.supports_reattach)
         found = await self._reattach(session_id)
         if found is None:

@@ -13,10 +13,10 @@ import posixpath
 import tarfile
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import anyio
 from anyio.lowlevel import EventLoopToken
@@ -277,18 +277,9 @@ class KubernetesSession(EnvironmentSession):
         """
         listed = b"".join(d.encode() + b"\0" for d in dirs)
         with tempfile.TemporaryFile() as spool:
-
-            def write(stop: threading.Event) -> int:
-                spool.write(listed)
-                for chunk in chunks:
-                    if stop.is_set():  # cancelled: the cancellation replaces this
-                        raise ProviderError("the upload was cancelled")
-                    spool.write(chunk)
-                size = spool.tell() - len(listed)
-                spool.seek(0)
-                return size
-
-            size = await stoppable(self.target.tokens, write)
+            size = await stoppable(
+                self.target.tokens, functools.partial(_spool, spool, listed, chunks)
+            )
             frames = iter(lambda: spool.read(CHUNK), b"")
             stderr = BoundedOutput(64 * 1024)
             # Cancelled midway, the stream is dropped within a poll: the Pod's tar sees
@@ -512,3 +503,15 @@ def saved_paths(configured: tuple[str, ...] | None, workdir: str) -> tuple[str, 
             "set snapshot_paths in the k8s config (or plan.workdir)"
         )
     return (workdir,)
+
+
+def _spool(spool: IO[bytes], listed: bytes, chunks: Iterable[bytes], stop: threading.Event) -> int:
+    """`listed`, then the archive's `chunks`, into `spool`, rewound; the archive's size."""
+    spool.write(listed)
+    for chunk in chunks:
+        if stop.is_set():  # cancelled: the cancellation replaces this
+            raise ProviderError("the upload was cancelled")
+        spool.write(chunk)
+    size = spool.tell() - len(listed)
+    spool.seek(0)
+    return size

@@ -72,6 +72,12 @@ class _ProbedProcesses:
         )
 
 
+def _probe_host() -> None:
+    netns_available()
+    cgroup_available()
+    pidns_available()
+
+
 class LocalEnvironment(BaseEnvironment):
     id: ClassVar[str] = "local"
     config_model = LocalConfig
@@ -93,6 +99,10 @@ class LocalEnvironment(BaseEnvironment):
             modes=cls.supported_network_modes,
             dynamic=cls.supports_dynamic_network_policy,
         )
+
+    async def _probe_host(self) -> None:
+        # Each probe may start `unshare`: in a worker thread, once per process.
+        await anyio.to_thread.run_sync(_probe_host)
 
     async def _open(
         self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
