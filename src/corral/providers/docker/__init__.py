@@ -1,7 +1,8 @@
 """The `docker` provider: containers on a Docker Engine, egress enforced by a holder."""
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from corral.core.lazy import lazy_names
 from corral.providers.docker.config import DockerConfig
 
 if TYPE_CHECKING:
@@ -10,10 +11,4 @@ if TYPE_CHECKING:
 __all__ = ["DockerConfig", "DockerEnvironment"]
 
 
-def __getattr__(name: str) -> Any:
-    # The environment (and its SDK) is imported on first use: the config alone is light.
-    if name == "DockerEnvironment":
-        from corral.providers.docker.environment import DockerEnvironment
-
-        return DockerEnvironment
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, DockerEnvironment="corral.providers.docker.environment")

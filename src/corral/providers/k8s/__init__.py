@@ -1,7 +1,8 @@
 """The `k8s` provider: Pods on a Kubernetes cluster, egress by verified NetworkPolicy."""
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from corral.core.lazy import lazy_names
 from corral.providers.k8s.config import KubernetesConfig
 
 if TYPE_CHECKING:
@@ -10,10 +11,4 @@ if TYPE_CHECKING:
 __all__ = ["KubernetesConfig", "KubernetesEnvironment"]
 
 
-def __getattr__(name: str) -> Any:
-    # The environment (and its SDK) is imported on first use: the config alone is light.
-    if name == "KubernetesEnvironment":
-        from corral.providers.k8s.environment import KubernetesEnvironment
-
-        return KubernetesEnvironment
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, KubernetesEnvironment="corral.providers.k8s.environment")

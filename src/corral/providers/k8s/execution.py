@@ -82,11 +82,15 @@ class Target:
         shell: tuple[str, ...] = ("sh",),
     ) -> None:
         self.clients = clients
-        self.tokens: int = clients.tokens
         self.namespace = namespace
         self.pod = pod
         self.container = container
         self.shell = shell
+
+    @property
+    def tokens(self) -> int:
+        """The clients' limit on blocking calls at once."""
+        return int(self.clients.tokens)
 
     def sibling(self, container: str) -> Target:
         """Another container of the same Pod (its own image's `sh`)."""

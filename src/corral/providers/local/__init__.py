@@ -1,7 +1,8 @@
 """The `local` provider: process trees on this host (not a filesystem security boundary)."""
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from corral.core.lazy import lazy_names
 from corral.providers.local.config import LocalConfig
 
 if TYPE_CHECKING:
@@ -10,10 +11,4 @@ if TYPE_CHECKING:
 __all__ = ["LocalConfig", "LocalEnvironment"]
 
 
-def __getattr__(name: str) -> Any:
-    # The environment (and its SDK) is imported on first use: the config alone is light.
-    if name == "LocalEnvironment":
-        from corral.providers.local.environment import LocalEnvironment
-
-        return LocalEnvironment
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, LocalEnvironment="corral.providers.local.environment")
