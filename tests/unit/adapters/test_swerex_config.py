@@ -13,6 +13,7 @@ from swerex.runtime.abstract import Command
 from corral import ExecutionPlan
 from corral.adapters.swerex import CorralDeployment, CorralDeploymentConfig
 from corral.adapters.swerex.runtime import subprocess_argv
+from corral.providers.local import LocalConfig, LocalEnvironment
 
 
 def test_get_deployment_builds_a_corral_deployment() -> None:
@@ -63,3 +64,18 @@ def test_commands_run_as_subprocess_would_run_them(
     command: str | list[str], shell: bool, args: list[str]
 ) -> None:
     assert subprocess_argv(Command(command=command, shell=shell)) == args
+
+
+def test_a_typed_provider_config_is_taken_whole_with_the_adapters_owner_under_it() -> None:
+    typed = CorralDeploymentConfig(config=LocalConfig(), plan=ExecutionPlan())
+    environment = typed.environment()
+    assert isinstance(environment, LocalEnvironment)
+    assert environment.config.owner == "swerex", "the adapter's owner, as for provider_config"
+    mine = CorralDeploymentConfig(config=LocalConfig(owner="me")).environment()
+    assert mine.config.owner == "me"
+    from_json = CorralDeploymentConfig.model_validate({"config": {"type": "local"}})
+    assert isinstance(from_json.config, LocalConfig)
+    with pytest.raises(ValidationError, match="'local' config.*not both"):
+        CorralDeploymentConfig(provider="docker", config=LocalConfig())
+    with pytest.raises(ValidationError, match="nosuch"):
+        CorralDeploymentConfig.model_validate({"config": {"type": "nosuch"}})

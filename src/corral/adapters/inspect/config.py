@@ -41,13 +41,13 @@ class CorralSandboxConfig(ProviderChoice, RoutedEnv):
         self.check_routes(self.plan.credentials)
         return self
 
-    def provider_params(self) -> dict[str, Any]:
-        """The provider's config, its output limit Inspect's (`OutputLimitExceededError`
-        past it) unless `provider_config` gives one."""
-        params = super().provider_params()
-        if "output_limit_bytes" in ENVIRONMENTS.get(self.provider).config_model.model_fields:
-            params.setdefault("output_limit_bytes", SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE)
-        return params
+    def adapter_defaults(self, provider: str) -> dict[str, Any]:
+        """The owner, and Inspect's output limit (`OutputLimitExceededError` past it)
+        where the provider has one."""
+        defaults = super().adapter_defaults(provider)
+        if "output_limit_bytes" in ENVIRONMENTS.get(provider).config_model.model_fields:
+            defaults["output_limit_bytes"] = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        return defaults
 
     def __hash__(self) -> int:
         # Inspect keys its sandbox caches by the config; the dict fields defeat pydantic's hash.
