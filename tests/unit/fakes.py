@@ -30,27 +30,18 @@ class FakeSession(EnvironmentSession):
         self.requests.append(request)
         return ExecResult(returncode=0, stdout="", stderr="", duration_s=0.0)
 
-    async def upload(self, local: str | Path, remote: str, *, service: str | None = None) -> None:
+    async def _upload(self, local: Path, remote: str, service: str | None) -> None:
         raise NotImplementedError
 
-    async def download(
-        self,
-        remote: str,
-        local: str | Path,
-        *,
-        service: str | None = None,
-        max_bytes: int | None = None,
+    async def _download(
+        self, remote: str, local: Path, service: str | None, max_bytes: int | None
     ) -> None:
         raise NotImplementedError
 
-    async def upload_dir(
-        self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
-    ) -> None:
+    async def _upload_dir(self, local_dir: Path, remote_dir: str, service: str | None) -> None:
         raise NotImplementedError
 
-    async def download_dir(
-        self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
-    ) -> None:
+    async def _download_dir(self, remote_dir: str, local_dir: Path, service: str | None) -> None:
         raise NotImplementedError
 
     async def _apply_network_policy(self, policy: NetworkPolicy) -> None:

@@ -40,17 +40,13 @@ class LeakyOpen(FakeEnvironment):
 
 
 class CarelessSession(FakeSession):
-    async def upload_dir(
-        self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
-    ) -> None:
+    async def _upload_dir(self, local_dir: Path, remote_dir: str, service: str | None) -> None:
         try:
             await anyio.lowlevel.checkpoint()
         except anyio.get_cancelled_exc_class():
             pass  # the defect: the caller never learns it was cancelled
 
-    async def download_dir(
-        self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
-    ) -> None:
+    async def _download_dir(self, remote_dir: str, local_dir: Path, service: str | None) -> None:
         staging = Path(local_dir).parent / ".corral-staging"
         staging.mkdir()
         await anyio.lowlevel.checkpoint()

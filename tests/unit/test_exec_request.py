@@ -23,7 +23,7 @@ def session(default_timeout: float | None = None) -> FakeSession:
 
 
 def test_overriding_exec_is_refused_at_class_creation() -> None:
-    with pytest.raises(TypeError, match=r"overrides exec\(\).*_exec\(request\)"):
+    with pytest.raises(TypeError, match=r"overrides exec\(\).*_exec\("):
 
         class Sneaky(FakeSession):  # pyright: ignore[reportUnusedClass]
             async def exec(self, command: Any, **_: Any) -> ExecResult:  # type: ignore[override]  # pyright: ignore[reportIncompatibleMethodOverride]
@@ -32,20 +32,15 @@ def test_overriding_exec_is_refused_at_class_creation() -> None:
 
 def test_a_provider_must_implement_the_hook() -> None:
     class NoHook(EnvironmentSession):
-        async def upload(self, local: Any, remote: str, *, service: str | None = None) -> None: ...
-        async def download(
-            self,
-            remote: str,
-            local: Any,
-            *,
-            service: str | None = None,
-            max_bytes: int | None = None,
+        async def _upload(self, local: Any, remote: str, service: str | None) -> None: ...
+        async def _download(
+            self, remote: str, local: Any, service: str | None, max_bytes: int | None
         ) -> None: ...
-        async def upload_dir(
-            self, local_dir: Any, remote_dir: str, *, service: str | None = None
+        async def _upload_dir(
+            self, local_dir: Any, remote_dir: str, service: str | None
         ) -> None: ...
-        async def download_dir(
-            self, remote_dir: str, local_dir: Any, *, service: str | None = None
+        async def _download_dir(
+            self, remote_dir: str, local_dir: Any, service: str | None
         ) -> None: ...
 
     with pytest.raises(TypeError, match="_exec"):

@@ -246,11 +246,12 @@ class EnvironmentSession(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "exec" in cls.__dict__:
-            raise TypeError(
-                f"{cls.__name__} overrides exec(), which is final on EnvironmentSession; "
-                "implement _exec(request) instead"
-            )
+        for name in _FINAL:
+            if name in cls.__dict__:
+                raise TypeError(
+                    f"{cls.__name__} overrides {name}(), which is final on "
+                    f"EnvironmentSession; implement _{name}(...) instead"
+                )
 
     def __init__(
         self,
@@ -468,14 +469,14 @@ class EnvironmentSession(abc.ABC):
         known = ", ".join(self.services) or "none"
         raise ConfigError(f"session {self.id!r} has no service {service!r} (services: {known})")
 
-    # The file calls: `service` names one of the plan's services instead of the sandbox
-    # (providers check it with `service_name`).
-    @abc.abstractmethod
+    # The file calls are final, as `exec` is: each checks its paths and `service` once
+    # (`service_name`: None is the sandbox itself) and hands them to the provider's
+    # `_upload`, `_download`, `_upload_dir` or `_download_dir`.
     async def upload(self, local: str | Path, remote: str, *, service: str | None = None) -> None:
         """Copy the file `local` to `remote` in the sandbox (or in `service`), making its
         parent directories; an existing file is replaced."""
+        await self._upload(_local(local), _remote(remote), self.service_name(service))
 
-    @abc.abstractmethod
     async def download(
         self,
         remote: str,
@@ -487,21 +488,43 @@ class EnvironmentSession(abc.ABC):
         """Copy the file `remote` to `local`. A file over `max_bytes` (None: no limit) is
         refused with `TransferLimitExceeded`, its size measured on corral's side (the
         engine, the transfer itself), never by the sandbox's own tools."""
+        if max_bytes is not None and max_bytes < 0:
+            raise ConfigError(f"max_bytes must be None or a whole number >= 0, not {max_bytes!r}")
+        await self._download(_remote(remote), _local(local), self.service_name(service), max_bytes)
 
-    @abc.abstractmethod
     async def upload_dir(
         self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
     ) -> None:
         """Copy the tree `local_dir` into `remote_dir` (made if missing); a link in it that
         points outside it is refused (`UnsafeArchiveMember`) before anything is sent."""
+        await self._upload_dir(_local(local_dir), _remote(remote_dir), self.service_name(service))
 
-    @abc.abstractmethod
     async def download_dir(
         self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
     ) -> None:
         """Copy the tree `remote_dir` into `local_dir`: what the sandbox sends is checked
         member by member, and nothing, through any chain of links, lands outside
         `local_dir` (`UnsafeArchiveMember`)."""
+        await self._download_dir(_remote(remote_dir), _local(local_dir), self.service_name(service))
+
+    @abc.abstractmethod
+    async def _upload(self, local: Path, remote: str, service: str | None) -> None:
+        """`upload`, its arguments checked: `remote` a non-empty path (relative to the
+        sandbox's working directory unless absolute), `service` one of the plan's."""
+
+    @abc.abstractmethod
+    async def _download(
+        self, remote: str, local: Path, service: str | None, max_bytes: int | None
+    ) -> None:
+        """`download`, its arguments checked."""
+
+    @abc.abstractmethod
+    async def _upload_dir(self, local_dir: Path, remote_dir: str, service: str | None) -> None:
+        """`upload_dir`, its arguments checked."""
+
+    @abc.abstractmethod
+    async def _download_dir(self, remote_dir: str, local_dir: Path, service: str | None) -> None:
+        """`download_dir`, its arguments checked."""
 
     def resolve_path(self, path: str) -> str:
         """`path` as the sandbox's own commands must be given it: itself where the sandbox
@@ -749,3 +772,23 @@ class EnvironmentSession(abc.ABC):
         if env is not None:
             await env.close(self)
         raise NetworkPolicyNotEnforced(f"sandbox {self.id}: {message}; the session was closed")
+
+
+#: the calls a provider's session implements as `_name` and never overrides
+_FINAL = ("exec", "upload", "download", "upload_dir", "download_dir")
+
+
+def _remote(path: object) -> str:
+    """A sandbox path as the file calls take it: a non-empty string without NUL."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise ConfigError(f"a sandbox path must be a non-empty string without NUL, not {path!r}")
+    return path
+
+
+def _local(path: object) -> Path:
+    """A path on the harness's side, as a Path."""
+    if isinstance(path, Path):
+        return path
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise ConfigError(f"a local path must be a non-empty str or Path, not {path!r}")
+    return Path(path)

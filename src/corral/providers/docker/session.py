@@ -22,7 +22,7 @@ from corral.core.labels import OWNER
 from corral.core.logs import event
 from corral.core.plan import ExecutionPlan
 from corral.core.processes import ProcessManager, StartRequest
-from corral.core.session import DOWNLOAD_LIMIT_BYTES, EnvironmentSession, ExecRequest, ExecResult
+from corral.core.session import EnvironmentSession, ExecRequest, ExecResult
 from corral.core.snapshot import SnapshotRef
 from corral.core.tarsafe import extract_file, extract_tar, pack_dir, pack_file, validate_dir
 from corral.errors import (
@@ -292,18 +292,13 @@ class DockerSession(EnvironmentSession):
             raise ProviderError(f"path {path!r} in {_where(target)} vanished while it was created")
         return resolved
 
-    async def upload(self, local: str | Path, remote: str, *, service: str | None = None) -> None:
+    async def _upload(self, local: Path, remote: str, service: str | None) -> None:
         where = self._container(service)
         parent, name = posixpath.split(self._absolute(remote, where))
         await self._put(where, await self._upload_root(where, parent), pack_file(local, name))
 
-    async def download(
-        self,
-        remote: str,
-        local: str | Path,
-        *,
-        service: str | None = None,
-        max_bytes: int | None = DOWNLOAD_LIMIT_BYTES,
+    async def _download(
+        self, remote: str, local: Path, service: str | None, max_bytes: int | None
     ) -> None:
         where = self._container(service)
         stream = await self._get(where, self._absolute(remote, where))
@@ -315,17 +310,13 @@ class DockerSession(EnvironmentSession):
             # left open (a refused or failed extraction), every later call hangs.
             stream.close()
 
-    async def upload_dir(
-        self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
-    ) -> None:
+    async def _upload_dir(self, local_dir: Path, remote_dir: str, service: str | None) -> None:
         where = self._container(service)
         target = self._absolute(remote_dir, where)
         await self.engine.call(validate_dir, local_dir)
         await self._put(where, await self._upload_root(where, target), pack_dir(local_dir))
 
-    async def download_dir(
-        self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
-    ) -> None:
+    async def _download_dir(self, remote_dir: str, local_dir: Path, service: str | None) -> None:
         where = self._container(service)
         source = self._absolute(remote_dir, where)
         stream = await self._get(where, source)

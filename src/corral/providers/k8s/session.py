@@ -23,7 +23,7 @@ from anyio.lowlevel import EventLoopToken
 
 from corral.core.output import BoundedOutput
 from corral.core.processes import ProcessManager, StartRequest
-from corral.core.session import DOWNLOAD_LIMIT_BYTES, EnvironmentSession, ExecRequest, ExecResult
+from corral.core.session import EnvironmentSession, ExecRequest, ExecResult
 from corral.core.snapshot import SnapshotRef
 from corral.core.snapshot_store import SnapshotRecord, SnapshotShelf
 from corral.core.tarsafe import (
@@ -315,15 +315,13 @@ class KubernetesSession(EnvironmentSession):
         if code != 0:
             raise ProviderError(f"unpacking into {directory!r} failed: {stderr.text().strip()}")
 
-    async def upload(self, local: str | Path, remote: str, *, service: str | None = None) -> None:
+    async def _upload(self, local: Path, remote: str, service: str | None) -> None:
         place = self._place(service)
         path = self._absolute(remote, place.workdir)
         parent, name = posixpath.split(path)
         await self._stream_in(place, parent, pack_file(local, name), root=False)
 
-    async def upload_dir(
-        self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
-    ) -> None:
+    async def _upload_dir(self, local_dir: Path, remote_dir: str, service: str | None) -> None:
         """Unpacked by corral's busybox `tar` (a service's own `tar` in a service). Against
         links the workload planted, the root may not be one and members replace links at
         their places; the parents of the root are followed as the Pod resolves them (the
@@ -334,13 +332,8 @@ class KubernetesSession(EnvironmentSession):
         root = self._absolute(remote_dir, place.workdir)
         await self._stream_in(place, root, pack_dir(local_dir), root=True, dirs=dirs)
 
-    async def download(
-        self,
-        remote: str,
-        local: str | Path,
-        *,
-        service: str | None = None,
-        max_bytes: int | None = DOWNLOAD_LIMIT_BYTES,
+    async def _download(
+        self, remote: str, local: Path, service: str | None, max_bytes: int | None
     ) -> None:
         """Read the file in ranges, each checked against the size the Pod reported.
 
@@ -380,9 +373,7 @@ class KubernetesSession(EnvironmentSession):
 
         await stoppable(self.target.tokens, copy)
 
-    async def download_dir(
-        self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
-    ) -> None:
+    async def _download_dir(self, remote_dir: str, local_dir: Path, service: str | None) -> None:
         place = self._place(service)
         source = self._absolute(remote_dir, place.workdir)
         check = place.script('[ -d "$1" ] || exit 44', source)

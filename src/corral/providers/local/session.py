@@ -19,7 +19,6 @@ import anyio
 from corral.core.paths import resolve_within
 from corral.core.processes import ProcessManager, StartRequest
 from corral.core.session import (
-    DOWNLOAD_LIMIT_BYTES,
     READ_TEXT_LIMIT_BYTES,
     EnvironmentSession,
     ExecRequest,
@@ -172,8 +171,7 @@ class LocalSession(EnvironmentSession):
 
         return await self._shelf.write(self.id, (str(self.workspace),), fill)
 
-    async def upload(self, local: str | Path, remote: str, *, service: str | None = None) -> None:
-        self.service_name(service)
+    async def _upload(self, local: Path, remote: str, service: str | None) -> None:
         target = self._path(remote)
 
         def copy() -> None:
@@ -182,15 +180,9 @@ class LocalSession(EnvironmentSession):
 
         await anyio.to_thread.run_sync(copy)
 
-    async def download(
-        self,
-        remote: str,
-        local: str | Path,
-        *,
-        service: str | None = None,
-        max_bytes: int | None = DOWNLOAD_LIMIT_BYTES,
+    async def _download(
+        self, remote: str, local: Path, service: str | None, max_bytes: int | None
     ) -> None:
-        self.service_name(service)
         source = self._existing(remote)
         if source.is_dir():
             raise IsADirectoryError(f"sandbox path {remote!r} is a directory")
@@ -250,17 +242,11 @@ class LocalSession(EnvironmentSession):
         data = await anyio.to_thread.run_sync(read)
         return data.decode("utf-8", errors="replace")
 
-    async def upload_dir(
-        self, local_dir: str | Path, remote_dir: str, *, service: str | None = None
-    ) -> None:
-        self.service_name(service)
+    async def _upload_dir(self, local_dir: Path, remote_dir: str, service: str | None) -> None:
         target = self._path(remote_dir)
         await anyio.to_thread.run_sync(lambda: extract_tar(pack_dir(local_dir), target))
 
-    async def download_dir(
-        self, remote_dir: str, local_dir: str | Path, *, service: str | None = None
-    ) -> None:
-        self.service_name(service)
+    async def _download_dir(self, remote_dir: str, local_dir: Path, service: str | None) -> None:
         source = self._existing(remote_dir)
         if not source.is_dir():
             raise NotADirectoryError(f"sandbox path {remote_dir!r} is not a directory")
