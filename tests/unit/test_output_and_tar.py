@@ -9,7 +9,7 @@ import pytest
 from corral.core.output import BoundedOutput, StreamDecoder
 from corral.core.paths import resolve_within
 from corral.core.redact import redact
-from corral.core.tarsafe import extract_tar, pack_dir
+from corral.core.tarsafe import extract_tar, owned_by_root, pack_dir
 from corral.errors import ConfigError, UnsafeArchiveMember
 
 
@@ -116,3 +116,12 @@ def test_pack_refuses_escaping_symlinks(tmp_path: Path) -> None:
     (tmp_path / "bad").symlink_to("../../outside")
     with pytest.raises(UnsafeArchiveMember, match="'bad'"):
         list(pack_dir(tmp_path))
+
+
+def test_corral_s_programs_are_packed_root_owned_with_their_modes() -> None:
+    data = owned_by_root({"d/prog": (b"\x7fELF", 0o555)}, dirs={"d": 0o700})
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        members = [(m.name, m.isdir(), m.mode, m.uid, m.gid, m.uname) for m in archive]
+        extracted = archive.extractfile("d/prog")
+        assert extracted is not None and extracted.read() == b"\x7fELF"
+    assert members == [("d", True, 0o700, 0, 0, "root"), ("d/prog", False, 0o555, 0, 0, "root")]

@@ -23,13 +23,14 @@ is in its way, symlinks included, and never follows them.
 
 from __future__ import annotations
 
+import io
 import os
 import secrets
 import shutil
 import stat
 import tarfile
 import tempfile
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path, PurePosixPath
 from typing import IO, BinaryIO, cast
@@ -41,6 +42,28 @@ CHUNK = 1024 * 1024
 _BLOCK = tarfile.BLOCKSIZE
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def owned_by_root(
+    files: Mapping[str, tuple[bytes, int]], dirs: Mapping[str, int] | None = None
+) -> bytes:
+    """A small tar in memory: `dirs` (name: mode), then `files` (name: (bytes, mode)),
+    every member root's. How corral's own programs are put where the workload cannot
+    write them (the programs volume, the holder, a Pod's probe container)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        members = [(name, None, mode) for name, mode in (dirs or {}).items()]
+        members += [(name, data, mode) for name, (data, mode) in files.items()]
+        for name, data, mode in members:
+            info = tarfile.TarInfo(name)
+            info.mode, info.uid, info.gid, info.uname, info.gname = mode, 0, 0, "root", "root"
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                archive.addfile(info)
+            else:
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    return out.getvalue()
 
 
 def pack_dir(root: str | Path) -> Iterator[bytes]:

@@ -10,10 +10,10 @@ engine path and the logs say so.
 
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 from typing import Generic, TypeVar
+
+from corral.core.tarsafe import owned_by_root
 
 BIN_DIR = Path(__file__).parent / "bin"
 
@@ -52,13 +52,4 @@ class WithHelper(Generic[T]):
 
 def helper_archive(binary: Path, name: str) -> bytes:
     """A tar holding only the helper, as `name`, owned by root, mode 0755 (blocking)."""
-    buffer = io.BytesIO()
-    data = binary.read_bytes()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        info.mode = 0o755
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
-        tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+    return owned_by_root({name: (binary.read_bytes(), 0o755)})

@@ -8,9 +8,7 @@ IPv4 table is restored, so the old policy stays whole.
 from __future__ import annotations
 
 import contextlib
-import io
 import secrets
-import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 import anyio
 from docker.errors import APIError
 
+from corral.core.tarsafe import owned_by_root
 from corral.errors import NetworkPolicyNotEnforced, ProviderError
 from corral.helper import helper_binary
 from corral.network.dns import Answer, resolve_names
@@ -425,15 +424,8 @@ async def install_resolver(engine: Engine, holder: str) -> None:
 
 
 def _resolver_archive(data: bytes) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as archive:
-        folder = tarfile.TarInfo(DNS_DIR.lstrip("/"))
-        folder.type, folder.mode = tarfile.DIRTYPE, 0o700
-        archive.addfile(folder)
-        info = tarfile.TarInfo(f"{DNS_DIR.lstrip('/')}/resolver")
-        info.size, info.mode = len(data), 0o700
-        archive.addfile(info, io.BytesIO(data))
-    return out.getvalue()
+    folder = DNS_DIR.lstrip("/")
+    return owned_by_root({f"{folder}/resolver": (data, 0o700)}, dirs={folder: 0o700})
 
 
 async def policy_in_force(engine: Engine, holder: str) -> tuple[PolicyRecord, Phase | None]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from docker.errors import APIError
 
+from corral.core.tarsafe import owned_by_root
 from corral.errors import ProviderError
 from corral.helper import helper_binary
 from corral.providers.docker.engine import Engine
@@ -101,14 +102,7 @@ async def _read_busybox(engine: Engine, holder: str) -> bytes:
 
 def _archive(busybox: bytes, helper_bytes: bytes | None) -> bytes:
     """Root-owned, mode 0555: readable and runnable by every user of the sandbox."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as archive:
-        files = {"busybox": busybox}
-        if helper_bytes is not None:
-            files["corral-exec"] = helper_bytes
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o555
-            info.uid = info.gid = 0
-            archive.addfile(info, io.BytesIO(data))
-    return out.getvalue()
+    files = {"busybox": (busybox, 0o555)}
+    if helper_bytes is not None:
+        files["corral-exec"] = (helper_bytes, 0o555)
+    return owned_by_root(files)
