@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -175,3 +176,14 @@ async def a_channel_broken_mid_call_raises_and_the_next_call_restarts(
     assert took < 5
     assert after.stdout == "back\n"
     assert left == "", "the broken call's command was killed through the plain path"
+
+
+SessionCase = Callable[[EnvironmentSession], Awaitable[None]]
+
+#: the scenarios that take one session of the provider's default config
+SESSION_CASES: tuple[SessionCase, ...] = (
+    cancelling_an_exec_kills_its_tree_and_the_channel_stays,
+    concurrent_execs_share_one_channel,
+    end_workload_starts_a_fresh_channel,
+    a_channel_broken_mid_call_raises_and_the_next_call_restarts,
+)

@@ -4,6 +4,7 @@ tests: the agent is whatever `sh` does inside it, the host is this test process.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,14 @@ async def the_target_is_emptied_by_corrals_own_rm(sandbox: EnvironmentSession, t
     source = write_tree(tmp / "src", {"bound.txt": "host\n"})
     await SyncBinding(source=source, path=target).bind(sandbox)
     assert (await sh(sandbox, f"ls -A {target}")).split() == ["bound.txt"]
+
+
+SessionCase = Callable[[EnvironmentSession, Path], Awaitable[None]]
+
+#: the scenarios that take one session of the provider's default config and a tmp dir
+SESSION_CASES: tuple[SessionCase, ...] = (
+    sync_back_with_each_policy,
+    oversize_trees_are_refused_mid_stream,
+    the_target_is_emptied_by_corrals_own_rm,
+    git_at_a_ref_and_a_fetched_refspec,
+)

@@ -95,11 +95,6 @@ async def test_a_helper_that_cannot_start_falls_back_to_plain_exec(
     assert leftovers.stdout.strip() == "0", "no copy in the sandbox's own filesystem"
 
 
-async def test_cancelling_an_exec_kills_its_tree_and_the_channel_stays(owner: str) -> None:
-    async with make_env(owner).session(PLAN) as session:
-        await cases.cancelling_an_exec_kills_its_tree_and_the_channel_stays(session)
-
-
 @pytest.mark.parametrize("user", [None, "corral"])
 async def test_a_timeout_kills_a_double_forked_tree(owner: str, user: str | None) -> None:
     async with make_env(owner).session(PLAN) as session:
@@ -138,16 +133,7 @@ async def test_users_env_and_cwd_match_plain_exec(owner: str, user: str | None) 
     assert in_tmp.stdout == plain_tmp.stdout and "\n/tmp\n" in in_tmp.stdout
 
 
-async def test_concurrent_execs_share_one_channel(owner: str) -> None:
+@pytest.mark.parametrize("case", cases.SESSION_CASES, ids=lambda case: case.__name__)
+async def test_exec_channel_case(owner: str, case: cases.SessionCase) -> None:
     async with make_env(owner).session(PLAN) as session:
-        await cases.concurrent_execs_share_one_channel(session)
-
-
-async def test_end_workload_starts_a_fresh_channel(owner: str) -> None:
-    async with make_env(owner).session(PLAN) as session:
-        await cases.end_workload_starts_a_fresh_channel(session)
-
-
-async def test_a_channel_broken_mid_call_raises_and_the_next_call_restarts(owner: str) -> None:
-    async with make_env(owner).session(PLAN) as session:
-        await cases.a_channel_broken_mid_call_raises_and_the_next_call_restarts(session)
+        await case(session)

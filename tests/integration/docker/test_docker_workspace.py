@@ -18,32 +18,14 @@ pytestmark = pytest.mark.anyio
 PLAN = ExecutionPlan(image=TEST_IMAGE, workdir="/tmp")
 
 
-async def test_sync_back_with_each_conflict_policy(
-    docker_env: DockerEnvironment, tmp_path: Path
+@pytest.mark.parametrize("case", cases.SESSION_CASES, ids=lambda case: case.__name__)
+async def test_workspace_case(
+    docker_env: DockerEnvironment,
+    tmp_path: Path,
+    case: cases.SessionCase,
 ) -> None:
     async with docker_env.session(PLAN) as sandbox:
-        await cases.sync_back_with_each_policy(sandbox, tmp_path)
-
-
-async def test_oversize_trees_are_refused_mid_stream(
-    docker_env: DockerEnvironment, tmp_path: Path
-) -> None:
-    async with docker_env.session(PLAN) as sandbox:
-        await cases.oversize_trees_are_refused_mid_stream(sandbox, tmp_path)
-
-
-async def test_the_target_is_emptied_by_corrals_own_rm(
-    docker_env: DockerEnvironment, tmp_path: Path
-) -> None:
-    async with docker_env.session(PLAN) as sandbox:
-        await cases.the_target_is_emptied_by_corrals_own_rm(sandbox, tmp_path)
-
-
-async def test_git_at_a_ref_and_a_fetched_refspec(
-    docker_env: DockerEnvironment, tmp_path: Path
-) -> None:
-    async with docker_env.session(PLAN) as sandbox:
-        await cases.git_at_a_ref_and_a_fetched_refspec(sandbox, tmp_path)
+        await case(sandbox, tmp_path)
 
 
 async def test_task_run_binds_before_the_run_and_syncs_back_after_evaluation(

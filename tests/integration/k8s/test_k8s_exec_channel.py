@@ -156,28 +156,6 @@ async def test_a_timeout_kills_a_double_forked_tree(namespace: str) -> None:
         await cases.a_timeout_kills_a_double_forked_tree(session)
 
 
-async def test_cancelling_an_exec_kills_its_tree_and_the_channel_stays(namespace: str) -> None:
-    async with make_env(namespace).session(PLAN) as session:
-        await cases.cancelling_an_exec_kills_its_tree_and_the_channel_stays(session)
-
-
-async def test_concurrent_execs_share_one_channel(namespace: str) -> None:
-    async with make_env(namespace).session(PLAN) as session:
-        await cases.concurrent_execs_share_one_channel(session)
-
-
-async def test_end_workload_starts_a_fresh_channel(namespace: str) -> None:
-    async with make_env(namespace).session(PLAN) as session:
-        await cases.end_workload_starts_a_fresh_channel(session)
-
-
-async def test_a_channel_broken_mid_call_raises_and_the_next_call_restarts(
-    namespace: str,
-) -> None:
-    async with make_env(namespace).session(PLAN) as session:
-        await cases.a_channel_broken_mid_call_raises_and_the_next_call_restarts(session)
-
-
 async def test_a_container_not_running_as_root_gets_the_channel_too(namespace: str) -> None:
     """The helper goes into corral's programs volume through the probe container, so the
     sandbox's own user (here not root, which cannot write `/`) does not matter."""
@@ -237,3 +215,9 @@ async def test_nothing_is_left_after_close(namespace: str, cluster: Any) -> None
         await anyio.sleep(0.05)
     pods: Any = cluster.core.list_namespaced_pod(namespace, field_selector=f"metadata.name={pod}")
     assert all(p.metadata.deletion_timestamp is not None for p in pods.items)
+
+
+@pytest.mark.parametrize("case", cases.SESSION_CASES, ids=lambda case: case.__name__)
+async def test_exec_channel_case(namespace: str, case: cases.SessionCase) -> None:
+    async with make_env(namespace).session(PLAN) as session:
+        await case(session)

@@ -20,32 +20,14 @@ pytestmark = pytest.mark.anyio
 PLAN = ExecutionPlan(image=TEST_IMAGE, workdir="/tmp")
 
 
-async def test_sync_back_with_each_conflict_policy(
-    k8s_env: KubernetesEnvironment, tmp_path: Path
+@pytest.mark.parametrize("case", cases.SESSION_CASES, ids=lambda case: case.__name__)
+async def test_workspace_case(
+    k8s_env: KubernetesEnvironment,
+    tmp_path: Path,
+    case: cases.SessionCase,
 ) -> None:
     async with k8s_env.session(PLAN) as sandbox:
-        await cases.sync_back_with_each_policy(sandbox, tmp_path)
-
-
-async def test_oversize_trees_are_refused_mid_stream(
-    k8s_env: KubernetesEnvironment, tmp_path: Path
-) -> None:
-    async with k8s_env.session(PLAN) as sandbox:
-        await cases.oversize_trees_are_refused_mid_stream(sandbox, tmp_path)
-
-
-async def test_the_target_is_emptied_by_corrals_own_rm(
-    k8s_env: KubernetesEnvironment, tmp_path: Path
-) -> None:
-    async with k8s_env.session(PLAN) as sandbox:
-        await cases.the_target_is_emptied_by_corrals_own_rm(sandbox, tmp_path)
-
-
-async def test_git_at_a_ref_and_a_fetched_refspec(
-    k8s_env: KubernetesEnvironment, tmp_path: Path
-) -> None:
-    async with k8s_env.session(PLAN) as sandbox:
-        await cases.git_at_a_ref_and_a_fetched_refspec(sandbox, tmp_path)
+        await case(sandbox, tmp_path)
 
 
 async def test_an_archive_past_its_limit_is_cut_off(
