@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Generator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from corral.testing import serve_tcp, stop_server
 from corral.testing.campaign import Report, markdown
+from corral.testing.plugin import EgressTarget
 from tests.integration.docker.conftest import engine as engine
 from tests.integration.docker.conftest import owner as owner
 from tests.integration.k8s.conftest import cluster as cluster
@@ -28,6 +32,21 @@ def max_n() -> int | None:
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"CORRAL_CAMPAIGN_MAX_N={value!r} is not a positive integer")
     return int(value)
+
+
+@contextmanager
+def two_targets(
+    first: str = "127.0.0.1", second: str = "127.0.0.1"
+) -> Generator[tuple[EgressTarget, EgressTarget]]:
+    """A TCP server on each address (the campaign's switch goes from one to the other),
+    stopped afterwards."""
+    servers = [serve_tcp(first), serve_tcp(second)]
+    try:
+        one, other = (EgressTarget(*s.getsockname()[:2]) for s, _ in servers)
+        yield one, other
+    finally:
+        for server, thread in servers:
+            stop_server(server, thread)
 
 
 @pytest.fixture

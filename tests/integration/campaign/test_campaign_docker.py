@@ -15,11 +15,10 @@ import pytest
 
 from corral import ExecutionPlan, NetworkPolicy, NetworkSchedule
 from corral.core.labels import OWNER
-from corral.testing import serve_tcp, stop_server
 from corral.testing.campaign import OPERATIONS, Report, Subject, run_campaign
 from corral.testing.checkpoints import Outcome
-from corral.testing.plugin import ConnectCommand, EgressTarget
-from tests.integration.campaign.conftest import check, max_n
+from corral.testing.plugin import ConnectCommand
+from tests.integration.campaign.conftest import check, max_n, two_targets
 from tests.integration.docker.conftest import ALLOWED_IP, DENIED_IP, TEST_IMAGE, make_env
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
@@ -46,24 +45,21 @@ def subject(
     corral_connect_command: ConnectCommand,
 ) -> Iterator[Subject]:
     mine = f"{owner}-{secrets.token_hex(3)}"
-    servers = [serve_tcp(ALLOWED_IP), serve_tcp(DENIED_IP)]
-    first, second = (EgressTarget(*s.getsockname()[:2]) for s, _ in servers)
-    switch = (NetworkPolicy.allowlist(str(first)), NetworkPolicy.allowlist(str(second)))
     try:
-        yield Subject(
-            provider="docker",
-            env=make_env(mine),
-            plan=ExecutionPlan(image=TEST_IMAGE, network=NetworkSchedule(baseline=switch[0])),
-            owned=lambda: _labelled(engine, mine),
-            targets=(first, second),
-            switch=switch,
-            connect=corral_connect_command,
-            scratch=scratch,
-            max_n=max_n(),
-        )
+        with two_targets(ALLOWED_IP, DENIED_IP) as (first, second):
+            switch = (NetworkPolicy.allowlist(str(first)), NetworkPolicy.allowlist(str(second)))
+            yield Subject(
+                provider="docker",
+                env=make_env(mine),
+                plan=ExecutionPlan(image=TEST_IMAGE, network=NetworkSchedule(baseline=switch[0])),
+                owned=lambda: _labelled(engine, mine),
+                targets=(first, second),
+                switch=switch,
+                connect=corral_connect_command,
+                scratch=scratch,
+                max_n=max_n(),
+            )
     finally:
-        for server, thread in servers:
-            stop_server(server, thread)
         _remove_labelled(engine, mine)
 
 

@@ -16,10 +16,9 @@ import pytest
 
 from corral import ExecutionPlan, NetworkPolicy, NetworkSchedule
 from corral.core.labels import OWNER
-from corral.testing import serve_tcp, stop_server
 from corral.testing.campaign import OPERATIONS, Subject, run_campaign
-from corral.testing.plugin import ConnectCommand, EgressTarget
-from tests.integration.campaign.conftest import check, max_n
+from corral.testing.plugin import ConnectCommand
+from tests.integration.campaign.conftest import check, max_n, two_targets
 from tests.integration.conftest import ALLOWED_IP, DENIED_IP
 from tests.integration.k8s.conftest import TEST_IMAGE, make_env
 
@@ -47,10 +46,8 @@ def subject(
     corral_connect_command: ConnectCommand,
 ) -> Iterator[Subject]:
     mine = f"corral-campaign-{secrets.token_hex(3)}"
-    servers = [serve_tcp(ALLOWED_IP), serve_tcp(DENIED_IP)]
-    first, second = (EgressTarget(*s.getsockname()[:2]) for s, _ in servers)
-    switch = (NetworkPolicy.allowlist(str(first)), NetworkPolicy.allowlist(str(second)))
-    try:
+    with two_targets(ALLOWED_IP, DENIED_IP) as (first, second):
+        switch = (NetworkPolicy.allowlist(str(first)), NetworkPolicy.allowlist(str(second)))
         yield Subject(
             provider="k8s",
             env=make_env(namespace, owner=mine),
@@ -62,9 +59,6 @@ def subject(
             scratch=scratch,
             max_n=max_n(),
         )
-    finally:
-        for server, thread in servers:
-            stop_server(server, thread)
 
 
 @pytest.mark.parametrize("operation", OPERATIONS)

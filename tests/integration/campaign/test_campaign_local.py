@@ -11,10 +11,9 @@ from corral import ENVIRONMENTS, ExecutionPlan, NetworkPolicy
 from corral.core.snapshot_store import cache_dir
 from corral.errors import FeatureUnsupported
 from corral.providers.local import cgroup as local_cgroup
-from corral.testing import serve_tcp, stop_server
 from corral.testing.campaign import OPERATIONS, Subject, run_campaign
-from corral.testing.plugin import ConnectCommand, EgressTarget
-from tests.integration.campaign.conftest import check, max_n
+from corral.testing.plugin import ConnectCommand
+from tests.integration.campaign.conftest import check, max_n, two_targets
 
 pytestmark = pytest.mark.anyio
 
@@ -36,23 +35,18 @@ def _cgroups() -> Path:
 
 @pytest.fixture
 def subject(scratch: Path, corral_connect_command: ConnectCommand) -> Iterator[Subject]:
-    servers = [serve_tcp() for _ in range(2)]
-    first, second = (EgressTarget("127.0.0.1", s.getsockname()[1]) for s, _ in servers)
-    try:
+    with two_targets() as targets:
         yield Subject(
             provider="local",
             env=ENVIRONMENTS.create("local"),
             plan=ExecutionPlan(),
             owned=_owned,
-            targets=(first, second),
+            targets=targets,
             switch=(NetworkPolicy.no_network(), NetworkPolicy.public()),
             connect=corral_connect_command,
             scratch=scratch,
             max_n=max_n(),
         )
-    finally:
-        for server, thread in servers:
-            stop_server(server, thread)
 
 
 @pytest.mark.parametrize("operation", OPERATIONS)
