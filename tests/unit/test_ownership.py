@@ -20,15 +20,20 @@ FOREIGN: dict[tuple[str, str], str] = {
     **{
         (path, f"info.{field}"): _TAR
         for path, fields in {
-            "providers/docker/enforcement.py": ("size", "mode"),
-            "providers/docker/programs.py": ("size", "mode", "uid", "gid"),
-            "helper/__init__.py": ("size", "mode", "uid", "gid", "uname", "gname"),
-            "core/tarsafe.py": ("mode", "mtime", "type", "linkname", "size"),
+            "core/tarsafe.py": (
+                "mode",
+                "mtime",
+                "type",
+                "linkname",
+                "size",
+                "uid",
+                "gid",
+                "uname",
+                "gname",
+            ),
         }.items()
         for field in fields
     },
-    ("providers/docker/enforcement.py", "folder.type"): _TAR,
-    ("providers/docker/enforcement.py", "folder.mode"): _TAR,
     ("providers/local/process.py", "readers.cancel_scope.deadline"): _SCOPE,
     ("testing/soak.py", "scope.deadline"): _SCOPE,
     ("core/warmpool.py", "scope.deadline"): _SCOPE,
