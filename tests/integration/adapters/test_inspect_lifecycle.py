@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from docker.errors import NotFound
 from inspect_ai import Task, eval  # pyright: ignore[reportUnknownVariableType]
 from inspect_ai.dataset import Sample
 from inspect_ai.scorer import includes
@@ -83,9 +81,8 @@ def test_a_sandbox_whose_command_ends_leaves_nothing(engine: Any, owner: str) ->
         try:
             env = envs["default"].as_type(CorralSandboxEnvironment)
             sandboxes = {"label": [f"corral.owner={owner}", "corral.role=sandbox"]}
-            for container in engine.containers.list(filters=sandboxes):
-                with contextlib.suppress(NotFound):  # auto-removed already
-                    container.wait(timeout=10, condition="removed")
+            for container in engine.containers.list(all=True, filters=sandboxes):
+                container.wait(timeout=10, condition="not-running")
             with pytest.raises(SandboxUnavailableError, match="is gone|not running"):
                 await env.exec(["true"])
         finally:

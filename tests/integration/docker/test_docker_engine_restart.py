@@ -1,7 +1,7 @@
 """`dockerd` restarted under a live session (issue 11: things dying).
 
 The running exec ends with a clear error while the engine is down (it never hangs), the
-engine comes back without the session's containers (no restart policy, auto-remove), the
+engine comes back with the session's containers stopped (no restart policy), the
 session runs no other command, and `close` removes what is left by exact identity.
 
 Restarting the engine stops every container on it, the egress targets too, so this module

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from corral import ExecutionPlan, Timeouts
-from corral.core.labels import EXPIRES_AT
+from corral.core.labels import EXPIRES_AT, OWNER
 from tests.integration.abandoned_harness import ROOT, kill_harness
 from tests.integration.conftest import wait_for
 from tests.integration.docker.conftest import (
@@ -24,6 +24,12 @@ from tests.integration.docker.conftest import (
 LIFETIME_S = 8
 #: How long past its expires-at label a container may take to be gone.
 MARGIN_S = 4
+
+
+def running(engine: Any, owner: str) -> list[str]:
+    """`owner`'s running containers, by name."""
+    listed = engine.api.containers(filters={"label": f"{OWNER}={owner}"})
+    return [c["Names"][0].lstrip("/") for c in listed]
 
 
 def expiries(engine: Any, owner: str) -> dict[str, int]:
@@ -41,16 +47,19 @@ async def test_sandboxes_of_a_killed_harness_end_themselves(engine: Any, owner: 
     roles = ("holder", "sandbox")
     assert set(left) == {f"corral-{sid}-{role}" for sid in ids for role in roles}
     expires = max(left.values())
-    await wait_for(lambda: not containers(engine, owner), expires + MARGIN_S)
-    gone_after = time.monotonic() - killed_at
-    print(f"harness killed -> containers gone: {gone_after:.1f} s")
-    # A network cannot remove itself: `corral gc` does, once its label has expired.
+    await wait_for(lambda: not running(engine, owner), expires + MARGIN_S)
+    ended_after = time.monotonic() - killed_at
+    print(f"harness killed -> containers ended: {ended_after:.1f} s")
+    # The holders removed themselves. A network cannot, and a sandbox is not auto-removed
+    # (its restart would race the removal): `corral gc` removes both once expired.
+    assert set(containers(engine, owner)) == {f"corral-{sid}-sandbox" for sid in ids}
     assert set(networks(engine, owner)) == {f"corral-{sid}" for sid in ids}
     gc = await anyio.run_process(
         [sys.executable, "-m", "corral", "gc", "--env", "docker", "-p", f"owner={owner}"],
         cwd=ROOT,
     )
     for sid in ids:
+        assert f"removed container corral-{sid}-sandbox" in gc.stdout.decode(), gc.stdout
         assert f"removed network corral-{sid}" in gc.stdout.decode(), gc.stdout
     assert not networks(engine, owner) and not containers(engine, owner)
 
@@ -66,8 +75,8 @@ async def test_a_restarted_sandbox_keeps_its_deadline(engine: Any, owner: str) -
         await anyio.sleep(5)
         await session.end_workload()  # restarts the sandbox container
         restarted = time.time()
-        gone = await wait_for(lambda: sandbox not in containers(engine, owner), expires + 2)
-        assert gone < restarted + 10, "the restart started a whole new lifetime"
+        ended = await wait_for(lambda: sandbox not in running(engine, owner), expires + 2)
+        assert ended < restarted + 10, "the restart started a whole new lifetime"
     finally:
         await env.close(session)
 

@@ -108,20 +108,24 @@ async def test_gc_removes_only_expired_sessions(engine: Any, owner: str) -> None
     stale = await env.open(short)
     foreign = await other.open(short)
     fresh = await env.open(ExecutionPlan(image=TEST_IMAGE))
-    # Expired containers end and remove themselves; their networks and volumes are left
-    # to gc.
-    parts = ("", "-holder", "-sandbox", "-programs")
-    fresh_names = [f"corral-{fresh.id}{part}" for part in parts]
+    # Expired containers end and the holders remove themselves; the stopped sandboxes,
+    # networks and volumes are left to gc.
+    expired = ("", "-sandbox", "-programs")
+    fresh_names = [f"corral-{fresh.id}{part}" for part in (*expired, "-holder")]
     left = {
-        f"{owner}-gc": sorted([f"corral-{stale.id}", f"corral-{stale.id}-programs", *fresh_names]),
-        f"{owner}-other": [f"corral-{foreign.id}", f"corral-{foreign.id}-programs"],
+        f"{owner}-gc": sorted([f"corral-{stale.id}{part}" for part in expired] + fresh_names),
+        f"{owner}-other": sorted(f"corral-{foreign.id}{part}" for part in expired),
     }
     deadline = time.monotonic() + 10
     while {key: sorted(leftovers(engine, key)) for key in left} != left:
         assert time.monotonic() < deadline, [leftovers(engine, key) for key in left]
         await anyio.sleep(0.25)
     removed = await env.gc()
-    assert removed == [f"network corral-{stale.id}", f"volume corral-{stale.id}-programs"]
+    assert removed == [
+        f"container corral-{stale.id}-sandbox",
+        f"network corral-{stale.id}",
+        f"volume corral-{stale.id}-programs",
+    ]
     assert (await fresh.exec(["true"])).returncode == 0
     assert sorted(leftovers(engine, f"{owner}-other")) == left[f"{owner}-other"], (
         "gc touched another"

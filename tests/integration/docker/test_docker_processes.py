@@ -49,6 +49,22 @@ async def test_what_end_workload_and_close_leave_is_nothing_of_theirs(
     assert engine.api.containers(all=True, filters={"label": f"{OWNER}={owner}"}) == []
 
 
+async def test_end_workload_cannot_lose_the_sandbox(
+    engine: Any, docker_env: DockerEnvironment
+) -> None:
+    # Engine 20.10 restarts an auto-remove container by clearing the flag around the stop
+    # and setting it back unlocked; the exit handler reads it after that now and then and
+    # removes the container ("container is marked for removal", seen in CI). Every
+    # end_workload restarts the sandbox, so it is never auto-removed.
+    async with docker_env.session(ExecutionPlan(image=TEST_IMAGE)) as sandbox:
+        assert isinstance(sandbox, DockerSession)
+        for _ in range(3):
+            await sandbox.end_workload()
+            info: dict[str, Any] = engine.api.inspect_container(sandbox.sandbox)
+            assert info["State"]["Running"], info["State"]
+            assert info["HostConfig"]["AutoRemove"] is False
+
+
 SQUAT = (
     "import socket, sys, time\n"
     "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"

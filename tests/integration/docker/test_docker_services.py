@@ -352,15 +352,23 @@ async def test_gc_removes_the_services_of_an_expired_session(engine: Any, owner:
     short = plan(web=WEB).model_copy(update={"timeouts": Timeouts(max_lifetime_s=4)})
     session = await env.open(short)
     web = f"corral-{session.id}-svc-web"
-    # The holder and sandbox end by themselves; the service runs its own command.
+    sandbox = f"corral-{session.id}-sandbox"
+    # The holder ends and removes itself, the sandbox ends (kept: see test_docker_expiry);
+    # the service runs its own command.
     deadline = time.monotonic() + 15
     volume = f"corral-{session.id}-programs"
-    while sorted(leftovers(engine, f"{owner}-gc")) != sorted([f"corral-{session.id}", web, volume]):
+    left = sorted([f"corral-{session.id}", web, sandbox, volume])
+    while sorted(leftovers(engine, f"{owner}-gc")) != left:
         assert time.monotonic() < deadline, leftovers(engine, f"{owner}-gc")
         await anyio.sleep(0.25)
     removed = await env.gc()
     assert sorted(removed) == sorted(
-        [f"container {web}", f"network corral-{session.id}", f"volume {volume}"]
+        [
+            f"container {web}",
+            f"container {sandbox}",
+            f"network corral-{session.id}",
+            f"volume {volume}",
+        ]
     )
     assert leftovers(engine, f"{owner}-gc") == []
     await env.close(session)

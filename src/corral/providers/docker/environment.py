@@ -13,11 +13,14 @@ commits the sandbox container to a local image (`snapshots`) that `fork` starts 
 The plan's services are containers in the holder's namespace too (`services`), started
 once the baseline is in force; `exec(..., service=)` and the file calls reach them.
 
-Both containers end at the session's `corral.expires-at` and the engine removes them
-(auto-remove), with no corral process running: a SIGKILLed harness leaks only the
-network (and the services, which run their own commands), which `corral gc` removes. The
-holder's timer is out of the workload's reach, so its network ends on time whatever the
-workload does to its own container's timer.
+Both containers end at the session's `corral.expires-at`, with no corral process running.
+The engine removes the holder then (auto-remove); the sandbox stays, stopped, with the
+network (and the services, which run their own commands) until `corral gc` removes them:
+a SIGKILLed harness leaks nothing that runs. The sandbox is not auto-removed because
+`end_workload` restarts it, and Engine 20.10's restart of an auto-remove container can lose
+it (its exit handler reads the flag the restart has already set back). The holder's timer
+is out of the workload's reach, so its network ends on time whatever the workload does to
+its own container's timer.
 """
 
 from __future__ import annotations
@@ -585,7 +588,7 @@ class DockerEnvironment(BaseEnvironment):
             cap_add=[*cfg.capabilities, *cfg.unsafe_capabilities] or None,
             security_opt=["no-new-privileges"],
             init=True,
-            auto_remove=True,
+            auto_remove=False,  # restarted by end_workload (the module's docstring says why)
             pids_limit=cfg.pids_limit,
             binds=[
                 programs.bind(programs_volume(sid), writable=False),
@@ -845,7 +848,7 @@ async def _running(
     try:
         info: dict[str, Any] = await engine.idempotent(engine.api.inspect_container, name)
         state: dict[str, Any] = info["State"]
-    except NotFound:  # it ended and the engine removed it (auto-remove)
+    except NotFound:  # it ended and the engine removed it (the holder: auto-remove)
         info, state = {}, {}
     if state.get("Running"):
         return info

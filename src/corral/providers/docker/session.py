@@ -66,9 +66,7 @@ log = logging.getLogger("corral.docker")
 #: Seconds the sandbox's init gets to end on SIGTERM in `end_workload` before the engine
 #: kills it. It ends at once (the engine's init, whose only child is corral's busybox idling,
 #: and no workload can make either ignore SIGTERM), so this is paid only with a
-#: `plan.command` that ignores it. Large: the engine's forced stop can deliver its SIGKILL
-#: after the restart has started the new init, which then dies and the container is lost
-#: (seen on Engine 20.10 as "container is marked for removal", with 1 s on 2 loaded cores).
+#: `plan.command` that ignores it.
 RESTART_GRACE_S = 10
 #: the engine's init (`init=True`), bind-mounted read-only from the engine's host
 ENGINE_INIT = "/sbin/docker-init"
