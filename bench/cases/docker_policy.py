@@ -23,7 +23,7 @@ async def run(ctx: Context) -> list[Row]:
     floor: list[float] = []
     async with ctx.env.session(ctx.plan("no-network")) as session:
         assert isinstance(session, DockerSession)
-        holder = session.holder
+        holder = session.net.holder
         for rep in range(WARMUP + ctx.reps(30)):
             for policy in CYCLE:
                 sample = await timed(lambda p=policy: session.set_network_policy(p))

@@ -193,7 +193,12 @@ async def test_docker_resolves_cwd_and_user_then_hands_over_the_core_request() -
     seen: list[ExecRequest] = []
 
     sandbox = _bare(
-        DockerSession, executor=Recorder(seen), workdir="/work", user="agent", default_timeout=9.0
+        DockerSession,
+        executor=Recorder(seen),
+        sandbox="c1",
+        workdir="/work",
+        user="agent",
+        default_timeout=9.0,
     )
     await sandbox.exec("pwd", cwd="sub/../x")
     await sandbox.exec(["id"], cwd="/abs", user="0", timeout=2)

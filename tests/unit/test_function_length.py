@@ -16,10 +16,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "builds AgentCompass's classes on the contract it is given, so the unit tests on "
         "Python 3.11 (no AgentCompass) build them on a stand-in"
     ),
-    ("providers/docker/session.py", "DockerSession.__init__"): (
-        "the engine-inspected facts of a session, keyword by keyword; splitting the session "
-        "into parts that each own one thing is issue 24 item 4"
-    ),
     ("network/iptables.py", "_render_family"): (
         "the order of one family's rules is the security argument; it reads top to bottom"
     ),

@@ -120,7 +120,11 @@ async def test_a_failed_switch_leaves_no_network(
 
 
 def _moved_to(sandbox: DockerSession, address: str) -> bool:
-    found = sandbox.resolution.addresses.get("moving.allowed.test") if sandbox.resolution else None
+    found = (
+        sandbox.net.resolution.addresses.get("moving.allowed.test")
+        if sandbox.net.resolution
+        else None
+    )
     return [str(a) for a in found or ()] == [address]
 
 

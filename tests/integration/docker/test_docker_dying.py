@@ -47,7 +47,7 @@ async def test_holder_killed_mid_session(
     session = await docker_env.open(PLAN)
     assert isinstance(session, DockerSession)
     try:
-        await anyio.to_thread.run_sync(engine.api.kill, session.holder)
+        await anyio.to_thread.run_sync(engine.api.kill, session.net.holder)
         # The rules live in the namespace, which the sandbox keeps: still no network.
         dial = await session.exec(["nc", "-z", "-w", "3", ALLOWED_IP, str(TCP_PORT)])
         assert dial.returncode != 0, dial

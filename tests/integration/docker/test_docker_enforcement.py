@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import anyio
 import pytest
 
 from corral import EnvironmentSession, ExecutionPlan, NetworkPolicy, NetworkSchedule
 from corral.providers.docker import DockerEnvironment
+from corral.providers.docker.session import DockerSession
 from corral.testing.plugin import EgressTarget
 from corral.testing.servers import serve_tcp, stop_server
 from tests.integration.conftest import ALLOWED_IP, ALLOWED_IP6, DENIED_IP, DENIED_IP6
 from tests.integration.docker.conftest import TEST_IMAGE, make_env
+from tests.integration.enforcement_cases import flows_across_a_switch
 
 pytestmark = pytest.mark.anyio
 
@@ -136,36 +137,20 @@ async def test_root_in_the_sandbox_cannot_change_the_rules(
 async def test_switch_cuts_an_open_connection(
     docker_env: DockerEnvironment, udp_targets: list[EgressTarget]
 ) -> None:
-    """A flow opened under public does not survive a switch to no-network."""
-    server = udp_targets[0]
-    script = (
-        "import socket,time\n"
-        "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(0.5)\n"
-        f"s.connect(('{ALLOWED_IP}',{server.port}))\n"
-        "for i in range(30):\n"
-        " try:\n  s.send(b'x');s.recv(64);print('ok',flush=True)\n"
-        " except OSError:\n  print('blocked',flush=True)\n"
-        " time.sleep(0.1)\n"
-    )
-    lines: list[str] = []
-    async with docker_env.session(plan("public")) as sandbox, anyio.create_task_group() as tg:
-
-        async def run() -> None:
-            result = await sandbox.exec(["python3", "-c", script], timeout=60)
-            lines.extend(result.stdout.split())
-
-        tg.start_soon(run)
-        await anyio.sleep(1.0)
-        await sandbox.set_network_policy(NetworkPolicy.no_network())
-    assert lines[0] == "ok"
-    assert lines[-1] == "blocked"
-    assert "ok" not in lines[lines.index("blocked") :]
+    """A flow opened under public does not survive a switch to no-network, and no new one
+    starts after it."""
+    async with docker_env.session(plan("public")) as sandbox:
+        flows = await flows_across_a_switch(sandbox, ALLOWED_IP, udp_targets[0].port)
+    assert flows[0] == ("ok", "ok"), flows
+    assert flows[-1] == ("blocked", "blocked"), flows
+    cut = next(i for i, (old, _) in enumerate(flows) if old == "blocked")
+    assert all(pair == ("blocked", "blocked") for pair in flows[cut:]), flows
 
 
 async def test_two_sandboxes_cannot_reach_each_other(docker_env: DockerEnvironment) -> None:
     async with docker_env.session(plan("public")) as a, docker_env.session(plan("public")) as b:
-        assert isinstance(a, type(b))
-        address: Any = getattr(a, "holder_address")  # noqa: B009
+        assert isinstance(a, DockerSession)
+        address = a.net.address
         reach = own = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: a.exec(["nc", "-l", "-p", "9000"], timeout=8))

@@ -66,11 +66,11 @@ def targets(
         udp_port=UDP_PORT,
         link_local_ip=LINK_LOCAL_IP,
         link_local_port=ports["link-local"],
-        host_ip=str(sandbox.gateway),
+        host_ip=str(sandbox.net.gateway),
         host_port=ports["host"],
-        peer_ip=peer.holder_address,
+        peer_ip=peer.net.address,
         peer_port=PEER_PORT,
-        resolver=str(sandbox.dns[0]),
+        resolver=str(sandbox.net.dns[0]),
     )
 
 

@@ -47,7 +47,7 @@ async def test_a_switch_from_no_network_to_an_exact_name(
         # A refresh that finds nothing moved leaves no rule of its lookup behind.
         assert isinstance(sandbox, DockerSession)
         await sandbox.refresh_names()
-        output = engine.containers.get(sandbox.holder).exec_run(["iptables", "-S", "OUTPUT"])
+        output = engine.containers.get(sandbox.net.holder).exec_run(["iptables", "-S", "OUTPUT"])
         assert output.output.decode().split("\n")[1:] == ["-A OUTPUT -j CORRAL-EGRESS", ""]
 
 
@@ -103,7 +103,7 @@ async def test_a_name_that_moves_is_followed_by_the_resolver(
             async with sandbox.names_kept_current():
                 with anyio.fail_after(20):
                     while True:
-                        found = sandbox.resolution and sandbox.resolution.addresses.get(
+                        found = sandbox.net.resolution and sandbox.net.resolution.addresses.get(
                             "moving.allowed.test"
                         )
                         if found and [str(a) for a in found] == [DENIED_IP]:

@@ -39,7 +39,7 @@ async def main() -> None:
     result = await session.exec(["cat", "/tmp/mark"])
     print(json.dumps({
         "policy": str(session.policy),
-        "dns": [str(a) for a in session.dns],
+        "dns": [str(a) for a in session.net.dns],
         "sandbox": session.sandbox,
         "mark": result.stdout,
     }))
@@ -82,10 +82,10 @@ async def test_open_with_an_id_twice_is_one_sandbox(engine: Any, owner: str) -> 
     first = docker(await env.open(PLAN, session_id=session_id))
     try:
         second = docker(await env.open(PLAN, session_id=session_id))
-        assert (second.id, second.sandbox, second.holder) == (
+        assert (second.id, second.sandbox, second.net.holder) == (
             session_id,
             first.sandbox,
-            first.holder,
+            first.net.holder,
         )
         sandboxes = [name for name in of_session(engine, owner, session_id) if "sandbox" in name]
         assert sandboxes == [f"corral-{session_id}-sandbox"]
@@ -109,7 +109,7 @@ async def test_another_process_attaches_with_the_policy_in_force(engine: Any, ow
         await env.close(parent)
     assert seen["policy"] == "allowlist:allowed.corral.test:8080"
     assert seen["sandbox"] == parent.sandbox
-    assert seen["dns"] == [str(a) for a in parent.dns]
+    assert seen["dns"] == [str(a) for a in parent.net.dns]
     assert of_session(engine, owner, session_id) == []
 
 

@@ -25,6 +25,7 @@ from corral import (
 from corral.providers.k8s import KubernetesEnvironment
 from corral.testing.plugin import EgressTarget
 from tests.integration.conftest import ALLOWED_IP, effective_capabilities, unavailable
+from tests.integration.enforcement_cases import flows_across_a_switch
 from tests.integration.k8s.conftest import RUNTIME_CLASSES, TEST_IMAGE, make_env
 
 pytestmark = pytest.mark.anyio
@@ -126,31 +127,10 @@ async def test_switch_while_a_flow_is_open(
     the CNI (kube-router, like most) accepts conntrack-established traffic first, and a
     Pod has no way to flush conntrack. That is documented; new flows are what is checked.
     """
-    server = udp_targets[0]
-    script = (
-        "import socket,time\n"
-        "def ask(s):\n"
-        " try:\n  s.send(b'x');s.recv(64);return 'ok'\n"
-        " except OSError:\n  return 'blocked'\n"
-        "def sock():\n"
-        " s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(0.5)\n"
-        f" s.connect(('{ALLOWED_IP}',{server.port}));return s\n"
-        "old=sock()\n"
-        "for i in range(40):\n"
-        " print(ask(old)+'/'+ask(sock()),flush=True);time.sleep(0.1)\n"
-    )
-    lines: list[str] = []
-    async with runtime_env.session(plan("public")) as sandbox, anyio.create_task_group() as tg:
-
-        async def run() -> None:
-            result = await sandbox.exec(["python3", "-c", script], timeout=120)
-            lines.extend(result.stdout.split())
-
-        tg.start_soon(run)
-        await anyio.sleep(1.5)
-        await sandbox.set_network_policy(NetworkPolicy.no_network())
-    assert lines[0] == "ok/ok", lines
-    assert lines[-1].endswith("/blocked"), lines
+    async with runtime_env.session(plan("public")) as sandbox:
+        flows = await flows_across_a_switch(sandbox, ALLOWED_IP, udp_targets[0].port)
+    assert flows[0] == ("ok", "ok"), flows
+    assert flows[-1][1] == "blocked", flows
 
 
 @pytest.mark.parametrize("delay", [0.1, 0.5, 1.0, 2.0, 3.5])

@@ -26,9 +26,7 @@ its own container's timer.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import ipaddress
-import json
 import logging
 import time
 import weakref
@@ -38,7 +36,7 @@ from typing import Any, ClassVar
 
 import anyio
 import docker
-from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.errors import APIError, DockerException, NotFound
 
 from corral.core.blocking import limiter
 from corral.core.credentials import credential_env_of
@@ -73,7 +71,7 @@ from corral.network.probe import DISCARD_PORT
 from corral.network.resolve import Resolution
 from corral.network.targets import EntryType, IPAddress
 from corral.network.wildcard import uses_resolver
-from corral.providers.docker import programs, snapshots
+from corral.providers.docker import images, programs, snapshots
 from corral.providers.docker.config import DockerConfig
 from corral.providers.docker.enforcement import (
     Upstream,
@@ -85,6 +83,7 @@ from corral.providers.docker.enforcement import (
 )
 from corral.providers.docker.engine import Engine, Raw, connect
 from corral.providers.docker.events import EventFeed, EventsUnavailable, start_reader
+from corral.providers.docker.holder_net import HolderNet, gateway_of, network_endpoint
 from corral.providers.docker.pool import Pooling, WarmPool, collect_idle
 from corral.providers.docker.resources import (
     ROLE,
@@ -207,63 +206,6 @@ class DockerEnvironment(BaseEnvironment):
             self._engine_arch = str(version.get("Arch", ""))
         return self._engine_arch
 
-    async def _ensure_image(self, engine: Engine, image: str) -> None:
-        policy = self.config.pull_policy
-        if policy != "always":
-            try:
-                await engine.idempotent(engine.api.inspect_image, image)
-                return
-            except ImageNotFound:
-                if policy == "never":
-                    raise ConfigError(
-                        f"image {image!r} is not on the engine and pull_policy is 'never'"
-                    ) from None
-        auth = None
-        if self.config.registry_username and self.config.registry_password:
-            auth = {
-                "username": self.config.registry_username,
-                "password": self.config.registry_password.get_secret_value(),
-            }
-        try:
-            await engine.call(engine.client.images.pull, image, auth_config=auth)
-        except (APIError, DockerException) as exc:
-            reason = getattr(exc, "explanation", None) or type(exc).__name__
-            raise ConfigError(f"image {image!r} is not available: {reason}") from None
-
-    async def _image(self, engine: Engine, plan: ExecutionPlan) -> str:
-        chosen = plan.require_image(self.id)
-        if isinstance(chosen, str):
-            await self._ensure_image(engine, chosen)
-            return chosen
-        return await self._native_image(engine, chosen)
-
-    async def _native_image(self, engine: Engine, native: dict[str, Any]) -> str:
-        if set(native) == {"image_id"}:
-            try:
-                await engine.idempotent(engine.api.inspect_image, native["image_id"])
-            except ImageNotFound:
-                raise ConfigError(f"native image_id {native['image_id']!r} not found") from None
-            return str(native["image_id"])
-        if "build_context" in native and set(native) <= {"build_context", "dockerfile"}:
-            key = hashlib.sha256(json.dumps(native, sort_keys=True).encode()).hexdigest()[:16]
-            tag = f"corral-build:{key}"
-            try:
-                await engine.call(
-                    engine.client.images.build,
-                    path=str(native["build_context"]),
-                    dockerfile=native.get("dockerfile"),
-                    tag=tag,
-                    labels={OWNER: self.config.owner},
-                    rm=True,
-                )
-            except (APIError, DockerException, TypeError) as exc:
-                raise ConfigError(f"building native {native!r} failed: {exc}") from None
-            return tag
-        raise ConfigError(
-            f"native selector {native!r} is not understood by docker; use "
-            "{'image_id': ...} or {'build_context': path, 'dockerfile': optional}"
-        )
-
     @asynccontextmanager
     async def warm_pool(
         self,
@@ -325,10 +267,10 @@ class DockerEnvironment(BaseEnvironment):
         holder_names = [holder_name(sid)]
         if pooling is not None:
             holder_names.insert(0, pooled_holder_name(sid))
-        image = await self._image(engine, plan)
-        await self._ensure_image(engine, self.config.holder_image)
+        image = await images.for_plan(engine, plan, self.config, self.id)
+        await images.ensure(engine, self.config.holder_image, self.config)
         for spec in plan.services.values():
-            await self._ensure_image(engine, spec.image)
+            await images.ensure(engine, spec.image, self.config)
         network = await self._make_network(engine, owned, sid, labels)
         volume = programs_volume(sid)
         owned.push_async_callback(remove_volume, engine, volume, sid)
@@ -340,7 +282,7 @@ class DockerEnvironment(BaseEnvironment):
         dns = await dns_servers(engine, holder["Id"])
         phase_of: list[DockerSession] = []  # the session, once there is one
         proxy = await self._start_proxy(engine, owned, sid, holder, plan, phase_of)
-        endpoints = () if proxy is None else ((_gateway(holder, sid), proxy.port),)
+        endpoints = () if proxy is None else ((gateway_of(holder, sid), proxy.port),)
         baseline = await self._apply_baseline(
             engine, sid, holder, plan.network.baseline, dns, feed.log, labels, plan, endpoints
         )
@@ -365,7 +307,7 @@ class DockerEnvironment(BaseEnvironment):
         owned.push_async_callback(session.executor.aclose)
         owned.push_async_callback(session.procs.aclose)
         try:
-            await session.check_runtime(plan.network.baseline)
+            await session.net.check_runtime(plan.network.baseline)
         except NetworkPolicyNotEnforced as exc:
             raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
         await self._start_services(engine, owned, session, plan, labels)
@@ -490,10 +432,10 @@ class DockerEnvironment(BaseEnvironment):
                 f"Engine on this host (corral's proxy serves on the session network's gateway); "
                 f"this one is {engine.api.base_url}"
             )
-        endpoint = _network(holder, sid)
+        endpoint = network_endpoint(holder, sid)
         proxy = CredentialProxy(
             plan.credentials,
-            host=str(_gateway(holder, sid)),
+            host=str(gateway_of(holder, sid)),
             peers={a for a in (endpoint.get("IPAddress"), endpoint.get("GlobalIPv6Address")) if a},
             phase=lambda: phase_of[0].phase if phase_of else "baseline",
             sandbox_id=sid,
@@ -534,11 +476,6 @@ class DockerEnvironment(BaseEnvironment):
         (and corral's resolver bound, if any phase's allowlist names a host: see
         network.wildcard)."""
         cfg = self.config
-        upstream = Upstream(
-            tuple(ipaddress.ip_address(a) for a in cfg.upstream_dns_servers or ()) or None,
-            cfg.holder_image,
-            labels,
-        )
         start_resolver = any(uses_resolver(p) for _, p in plan.network.items())
         if start_resolver:
             # A fresh holder has no resolver binary yet: put it in at once rather than
@@ -550,7 +487,7 @@ class DockerEnvironment(BaseEnvironment):
             policy,
             dns=dns,
             extra_hosts=cfg.extra_hosts,
-            upstream=upstream,
+            upstream=self._upstream(labels),
         )
         try:
             await apply_policy(
@@ -558,7 +495,7 @@ class DockerEnvironment(BaseEnvironment):
                 holder["Id"],
                 policy,
                 resolved,
-                probe_candidates=[(_gateway(holder, sid), DISCARD_PORT)],
+                probe_candidates=[(gateway_of(holder, sid), DISCARD_PORT)],
                 phase="baseline",
                 events=events,
                 start_resolver=start_resolver,
@@ -640,7 +577,7 @@ class DockerEnvironment(BaseEnvironment):
         force, started; returns once each with a healthcheck passed it."""
         sid = session.id
         for name, service in plan.services.items():
-            spec = service_container(sid, name, service, session.holder, labels, self.config)
+            spec = service_container(sid, name, service, session.net.holder, labels, self.config)
             owned.push_async_callback(remove_container, engine, spec.name, sid)
             info = await start_service(engine, spec, service, sid)
             session.add_service(name, info)
@@ -650,6 +587,16 @@ class DockerEnvironment(BaseEnvironment):
         for name, service in plan.services.items():
             container = session.service_containers[name].id
             await running_service(engine, container, service, sid)
+
+    def _upstream(self, labels: dict[str, str]) -> Upstream:
+        """Where corral's resolver forwards the names an allowlist allows (and where corral
+        resolves them at apply time)."""
+        servers = self.config.upstream_dns_servers or ()
+        return Upstream(
+            tuple(ipaddress.ip_address(a) for a in servers) or None,
+            self.config.holder_image,
+            labels,
+        )
 
     def _session(
         self,
@@ -669,45 +616,42 @@ class DockerEnvironment(BaseEnvironment):
         """A session over a running holder and sandbox, from what the engine says of them."""
         cfg = self.config
         sid = labels[SESSION]
-        ports: dict[str, list[dict[str, str]] | None] = holder["NetworkSettings"].get("Ports") or {}
+        net = HolderNet(
+            engine,
+            holder,
+            session_id=sid,
+            sandbox=sandbox["Id"],
+            runtime=sandbox["HostConfig"].get("Runtime") or "runc",
+            dns=dns,
+            extra_hosts=cfg.extra_hosts,
+            labels=labels,
+            upstream=self._upstream(labels),
+            verified_runtimes=self._verified_runtimes,
+            events=events.log,
+            endpoints=endpoints,
+            resolution=resolution,
+        )
         session = DockerSession(
             id=sid,
             policy=policy,
             engine=engine,
-            holder=holder["Id"],
+            net=net,
             sandbox=sandbox["Id"],
-            network=_network(holder, sid)["NetworkID"],
-            gateway=_gateway(holder, sid),
-            holder_address=_network(holder, sid).get("IPAddress", ""),
-            dns=dns,
-            extra_hosts=cfg.extra_hosts,
-            published={
-                int(key.split("/")[0]): int(bindings[0]["HostPort"])
-                for key, bindings in ports.items()
-                if bindings
-            },
-            local_engine=engine.api.base_url.startswith("http+docker://"),
             user=cfg.user,
             output_limit=cfg.output_limit_bytes,
             default_timeout=default_timeout,
-            resolver_image=cfg.holder_image,
             labels=labels,
             workdir=sandbox["Config"].get("WorkingDir") or "/",
-            runtime=sandbox["HostConfig"].get("Runtime") or "runc",
             # As the engine holds the container's config: corral wrote it, the sandbox can't.
             credential_env=credential_env_of(sandbox["Config"].get("Env") or []),
             image=sandbox["Config"]["Image"],
             # Every service of the plan is one of the session's; one whose container is gone
             # is named in errors, never silently unknown.
             services=service_names(labels),
-            resolution=resolution,
-            verified_runtimes=self._verified_runtimes,
             exec_channel=cfg.exec_channel,
             snapshot_lifetime_s=cfg.snapshot_lifetime_s,
             phase=phase,
             events=events,
-            upstream_dns_servers=cfg.upstream_dns_servers,
-            endpoints=endpoints,
         )
         return session
 
@@ -747,7 +691,7 @@ class DockerEnvironment(BaseEnvironment):
                 await readers.aclose()
             raise
         owned = AsyncExitStack()
-        owned.push_async_callback(remove_network, engine, session.network, session_id)
+        owned.push_async_callback(remove_network, engine, session.net.network, session_id)
         owned.push_async_callback(remove_volume, engine, programs_volume(session_id), session_id)
         owned.push_async_callback(remove_container, engine, holder["Id"], session_id)
         owned.push_async_callback(remove_container, engine, sandbox["Id"], session_id)
@@ -826,15 +770,6 @@ async def _network_unique(engine: Engine, name: str) -> None:
             return
         await anyio.sleep(0.2)
     raise ProviderError(f"another network named {name!r} stayed for {UNIQUE_TRIES * 0.2:.0f} s")
-
-
-def _network(holder: dict[str, Any], sid: str) -> dict[str, Any]:
-    """The engine's view of the holder's endpoint on the session's network."""
-    return holder["NetworkSettings"]["Networks"][network_name(sid)]
-
-
-def _gateway(holder: dict[str, Any], sid: str) -> IPAddress:
-    return ipaddress.ip_address(_network(holder, sid)["Gateway"])
 
 
 async def _running(
