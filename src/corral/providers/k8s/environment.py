@@ -55,6 +55,7 @@ from corral.providers.k8s import enforcement, probe
 from corral.providers.k8s.api import Api, call, connect, explain, idempotent, status_of
 from corral.providers.k8s.config import KubernetesConfig
 from corral.providers.k8s.execution import Target, run_own
+from corral.providers.k8s.objects import Kind, Objects, annotations_of, labels_of
 from corral.providers.k8s.pod import (
     BUSYBOX,
     CONTAINER,
@@ -75,7 +76,6 @@ from corral.providers.k8s.pool import (
     IDLE_UNTIL,
     STATE,
     ClaimTerms,
-    Cluster,
     Pooled,
     Pooling,
     WarmPool,
@@ -201,11 +201,10 @@ class KubernetesEnvironment(BaseEnvironment):
             keyed[pool_key(prepared, image, cfg, dns)] = prepared
         pool = WarmPool(
             self._make_pooled,
-            await self._cluster(),
+            await self.objects(),
             keyed,
             size=size,
             max_idle_s=max_idle_s or cfg.warm_pool_max_idle_s,
-            delete=self._delete,
         )
         self._pool = pool
         try:
@@ -214,13 +213,9 @@ class KubernetesEnvironment(BaseEnvironment):
         finally:
             self._pool = None
 
-    async def _cluster(self) -> Cluster:
-        cfg = self.config
-
-        async def delete_policy(name: str, session_id: str, instance: str | None) -> None:
-            await self._delete("network_policy", name, session_id, instance)
-
-        return Cluster(await self.clients(), cfg.namespace, cfg.owner, delete_policy)
+    async def objects(self) -> Objects:
+        """This owner's Pods and NetworkPolicies in the configured namespace."""
+        return Objects(await self.clients(), self.config.namespace, self.config.owner)
 
     async def _open(
         self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
@@ -250,6 +245,7 @@ class KubernetesEnvironment(BaseEnvironment):
         the plan's baseline, lives `max_idle_s` longer, and its undo spares it once claimed."""
         cfg = self.config
         clients = await self.clients()
+        objects = await self.objects()
         dns = await self._resolvers()
         image = plan.require_image(self.id)
         if not isinstance(image, str):
@@ -257,8 +253,9 @@ class KubernetesEnvironment(BaseEnvironment):
         check_services(plan)
         sid = session_id or new_session_id()
         name = f"corral-{sid}"
-        if session_id is not None:
-            await self._unclaimed(name, sid)
+        if session_id is not None and await objects.read("pod", name) is not None:
+            # A NetworkPolicy of ours would select that Pod too, and widen what it may reach.
+            raise SessionIdTaken(f"Pod {name} already exists: session_id {sid!r} is taken")
         lifetime = plan.timeouts.max_lifetime_s or cfg.default_lifetime_s
         extra = {**cfg.labels, **plan.labels}
         # A pooled Pod lives on for its making (at most startup_s) and its idle wait; a
@@ -276,17 +273,16 @@ class KubernetesEnvironment(BaseEnvironment):
         initial = NetworkPolicy.no_network() if unresolved else baseline
         body = enforcement.render(initial, Resolution(), name, sid, labels)
         if pooling is not None:
-            cluster = await self._cluster()
-            owned.push_async_callback(remove_unclaimed, cluster, name, sid, instance)
+            owned.push_async_callback(remove_unclaimed, objects, name, sid, instance)
         else:
-            owned.push_async_callback(self._delete, "network_policy", name, sid, instance)
-        created_policy = await self._create("network_policy", body, instance, session_id)
+            owned.push_async_callback(objects.delete, "network_policy", name, sid, instance)
+        created_policy = await objects.create("network_policy", body, instance, session_id)
         if pooling is None:
-            owned.push_async_callback(self._delete, "pod", name, sid, instance)
+            owned.push_async_callback(objects.delete, "pod", name, sid, instance)
         body = manifest(name, image, plan, cfg, labels, dns)
         body["spec"]["activeDeadlineSeconds"] += math.ceil(idle_s)
-        pod = await self._create("pod", body, instance, session_id)
-        await self._own(clients, name, pod.metadata.uid, created_policy.metadata.name)
+        pod = await objects.create("pod", body, instance, session_id)
+        await objects.own(name, pod.metadata.uid, created_policy.metadata.name)
         pod = await wait_running(clients, cfg.namespace, name)
         return self._session(clients, pod, initial)
 
@@ -299,7 +295,8 @@ class KubernetesEnvironment(BaseEnvironment):
         # compose starts what depends on a healthy service); bounded by startup_s.
         await wait_healthy(session, plan.services)
         await self._open_gate(session)
-        await self._mark(session.target.pod, {OPENED: "true"})
+        objects = await self.objects()
+        await objects.patch_pod(session.target.pod, {"annotations": {OPENED: "true"}})
 
     async def _make_pooled(
         self, plan: ExecutionPlan, owned: AsyncExitStack, pooling: Pooling
@@ -311,7 +308,9 @@ class KubernetesEnvironment(BaseEnvironment):
             session = await self._make_pod(plan, owned, session_id=None, pooling=pooling)
             await self._apply_baseline(session, NetworkPolicy.no_network())
             until = str(int(time.time() + pooling.max_idle_s))
-            pod = await self._label(session.target.pod, {STATE: IDLE, IDLE_UNTIL: until})
+            objects = await self.objects()
+            idle = {"labels": {STATE: IDLE, IDLE_UNTIL: until}}
+            pod = await objects.patch_pod(session.target.pod, idle)
         return Ready(Pooled.of(pod), anyio.current_time() + pooling.max_idle_s)
 
     async def _claim(
@@ -396,12 +395,13 @@ class KubernetesEnvironment(BaseEnvironment):
 
     async def _reattach(self, session_id: str) -> tuple[EnvironmentSession, AsyncExitStack] | None:
         name = f"corral-{session_id}"
-        pod = await self._read("pod", name, session_id)
+        objects = await self.objects()
+        pod = await objects.read("pod", name, session_id)
         if pod is None or not opened(pod):
             return None
-        instance = _annotations(pod).get(INSTANCE)
-        found = await self._read("network_policy", name, session_id)
-        if found is None or _annotations(found).get(INSTANCE) != instance:
+        instance = annotations_of(pod).get(INSTANCE)
+        found = await objects.read("network_policy", name, session_id)
+        if found is None or annotations_of(found).get(INSTANCE) != instance:
             raise ProviderError(
                 f"Pod {name} runs without the NetworkPolicy its open created, so the policy "
                 "in force is unknown; close the session (or run corral gc) rather than attach"
@@ -411,8 +411,8 @@ class KubernetesEnvironment(BaseEnvironment):
             # Addresses move: resolve the policy's names again as open does, and re-apply.
             await session.enforce(session.policy)
         owned = AsyncExitStack()
-        owned.push_async_callback(self._delete, "network_policy", name, session_id, instance)
-        owned.push_async_callback(self._delete, "pod", name, session_id, instance)
+        owned.push_async_callback(objects.delete, "network_policy", name, session_id, instance)
+        owned.push_async_callback(objects.delete, "pod", name, session_id, instance)
         owned.push_async_callback(session.executor.aclose)
         owned.push_async_callback(session.procs.aclose)
         return session, owned
@@ -431,136 +431,23 @@ class KubernetesEnvironment(BaseEnvironment):
     async def _discard_snapshot(self, ref: SnapshotRef) -> None:
         await anyio.to_thread.run_sync(self.snapshots.remove, ref)
 
-    async def _unclaimed(self, name: str, session_id: str) -> None:
-        """Refuse a caller's id whose Pod already exists, before anything is created: a
-        NetworkPolicy of ours would select that Pod too, and widen what it may reach."""
-        if await self._read("pod", name) is not None:
-            raise SessionIdTaken(f"Pod {name} already exists: session_id {session_id!r} is taken")
-
-    async def _create(
-        self, kind: str, body: dict[str, Any], instance: str, session_id: str | None
-    ) -> Any:
-        """Create one object stamped with this open's token; a caller's id that another
-        open took first (409) is `SessionIdTaken`."""
-        cfg = self.config
-        name: str = body["metadata"]["name"]
-        body["metadata"].setdefault("annotations", {})[INSTANCE] = instance
-        create = getattr(_api(await self.clients(), kind), f"create_namespaced_{kind}")
-        try:
-            return await call(cfg.max_workers, create, cfg.namespace, body)
-        except ApiException as exc:
-            if status_of(exc) == 409 and session_id is not None:
-                raise SessionIdTaken(
-                    f"{kind} {name} already exists: session_id {session_id!r} is taken"
-                ) from None
-            raise ProviderError(f"the API server rejected {kind} {name}: {explain(exc)}") from None
-
-    async def _mark(self, pod: str, annotations: dict[str, str]) -> None:
-        clients = await self.clients()
-        patch = {"metadata": {"annotations": annotations}}
-        await idempotent(
-            self.config.max_workers,
-            clients.core.patch_namespaced_pod,
-            pod,
-            self.config.namespace,
-            patch,
-        )
-
-    async def _label(self, pod: str, labels: dict[str, str]) -> Any:
-        """Patch the Pod's labels; the Pod as the API server now has it."""
-        clients = await self.clients()
-        patch = {"metadata": {"labels": labels}}
-        return await idempotent(
-            self.config.max_workers,
-            clients.core.patch_namespaced_pod,
-            pod,
-            self.config.namespace,
-            patch,
-        )
-
-    async def _own(self, clients: Api, pod: str, uid: str, policy: str) -> None:
-        """Make the Pod the NetworkPolicy's owner, for the garbage collector."""
-        patch = {
-            "metadata": {
-                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}]
-            }
-        }
-        await idempotent(
-            self.config.max_workers,
-            clients.networking.patch_namespaced_network_policy,
-            policy,
-            self.config.namespace,
-            patch,
-        )
-
-    async def _read(self, kind: str, name: str, session_id: str | None = None) -> Any:
-        """The object `name` of `kind`, or None if absent (or, given `session_id`, if it is
-        not that session's of this owner)."""
-        cfg = self.config
-        read = getattr(_api(await self.clients(), kind), f"read_namespaced_{kind}")
-        try:
-            found: Any = await idempotent(cfg.max_workers, read, name, cfg.namespace)
-        except ApiException as exc:
-            if status_of(exc) == 404:
-                return None
-            raise ProviderError(f"reading {kind} {name}: {explain(exc)}") from None
-        labels: dict[str, str] = found.metadata.labels or {}
-        if session_id is not None and (
-            labels.get(OWNER) != cfg.owner or labels.get(SESSION) != session_id
-        ):
-            return None
-        return found
-
-    async def _delete(self, kind: str, name: str, session_id: str, instance: str | None) -> None:
-        """Delete one object by exact name, only if it carries this session's label and the
-        token of the open that made it (`instance`; None for objects listed by gc); the
-        delete holds only for the uid that was checked."""
-        cfg = self.config
-        found = await self._read(kind, name)
-        if found is None:
-            return
-        labels: dict[str, str] = found.metadata.labels or {}
-        if labels.get(SESSION) != session_id:
-            raise ProviderError(f"{kind} {name} is not session {session_id}'s; left alone")
-        if instance is not None and _annotations(found).get(INSTANCE) != instance:
-            return  # another open of the same id made it; it is that open's to remove
-        delete = getattr(_api(await self.clients(), kind), f"delete_namespaced_{kind}")
-        body = {"preconditions": {"uid": found.metadata.uid}, "gracePeriodSeconds": 0}
-        with contextlib.suppress(ApiException):
-            await idempotent(cfg.max_workers, delete, name, cfg.namespace, body=body)
-
     async def gc(self) -> list[str]:
         """Remove pooled Pods left unclaimed past their idle age (a dead harness's pool),
         then expired Pods and NetworkPolicies, then expired snapshots."""
-        clients = await self.clients()
+        objects = await self.objects()
         owner = self.config.owner
-        removed: list[str] = []
         now = time.time()
-        selector = f"{OWNER}={owner}"
-        removed += await collect_idle(await self._cluster(), now)
-        for kind, api in (("pod", clients.core), ("network_policy", clients.networking)):
-            listed: Any = await idempotent(
-                clients.tokens,
-                getattr(api, f"list_namespaced_{kind}"),
-                self.config.namespace,
-                label_selector=selector,
-            )
-            for item in listed.items:
-                labels: dict[str, str] = item.metadata.labels or {}
+        removed = await collect_idle(objects, now)
+        kinds: tuple[Kind, ...] = ("pod", "network_policy")
+        for kind in kinds:
+            for item in await objects.listed(kind, f"{OWNER}={owner}"):
+                labels = labels_of(item)
                 if is_expired(labels, owner, now):
-                    instance = _annotations(item).get(INSTANCE)
-                    await self._delete(kind, item.metadata.name, labels[SESSION], instance)
+                    instance = annotations_of(item).get(INSTANCE)
+                    await objects.delete(kind, item.metadata.name, labels[SESSION], instance)
                     removed.append(f"{kind.replace('_', '')} {item.metadata.name}")
         removed += await anyio.to_thread.run_sync(self.snapshots.collect)
         return removed
-
-
-def _api(clients: Api, kind: str) -> Any:
-    return clients.core if kind == "pod" else clients.networking
-
-
-def _annotations(found: Any) -> dict[str, str]:
-    return dict(found.metadata.annotations or {})
 
 
 async def _cluster_dns(clients: Api) -> tuple[str, ...]:

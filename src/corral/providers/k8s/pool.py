@@ -58,8 +58,9 @@ from corral.core.plan import ExecutionPlan
 from corral.core.warmpool import Ready, SlotPool, release
 from corral.errors import ProviderError
 from corral.network.targets import IPAddress
-from corral.providers.k8s.api import Api, call, explain, idempotent, status_of
+from corral.providers.k8s.api import call, explain, idempotent, status_of
 from corral.providers.k8s.config import KubernetesConfig
+from corral.providers.k8s.objects import Objects, annotations_of, labels_of
 from corral.providers.k8s.pod import INSTANCE, OPERATION_TIMEOUT, fatal, manifest, running
 
 log = logging.getLogger("corral.k8s.pool")
@@ -149,14 +150,6 @@ def unclaimed(labels: Mapping[str, str]) -> bool:
     return labels.get(STATE) in (FILLING, IDLE)
 
 
-def _labels(pod: Any) -> dict[str, str]:
-    return dict(pod.metadata.labels or {})
-
-
-def _annotations(pod: Any) -> dict[str, str]:
-    return dict(pod.metadata.annotations or {})
-
-
 def _started_at(pod: Any) -> float | None:
     started: Any = pod.status.start_time if pod.status else None
     return started.timestamp() if started is not None else None
@@ -195,8 +188,8 @@ class Pooled:
     def of(cls, pod: Any) -> Pooled:
         return cls(
             name=pod.metadata.name,
-            session_id=_labels(pod)[SESSION],
-            instance=_annotations(pod).get(INSTANCE),
+            session_id=labels_of(pod)[SESSION],
+            instance=annotations_of(pod).get(INSTANCE),
             resource_version=pod.metadata.resource_version,
             started_at=_started_at(pod),
             active_deadline_s=pod.spec.active_deadline_seconds,
@@ -217,36 +210,6 @@ class _Seen(NamedTuple):
         )
 
 
-@dataclass(frozen=True)
-class Cluster:
-    """The pool's view of the API server: one namespace, one owner."""
-
-    clients: Api
-    namespace: str
-    owner: str
-    #: removes the NetworkPolicy `name` of session `sid` made by open `instance`
-    delete_policy: Callable[[str, str, str | None], Awaitable[None]]
-
-    async def read(self, name: str) -> Any | None:
-        try:
-            return await idempotent(
-                self.clients.tokens, self.clients.core.read_namespaced_pod, name, self.namespace
-            )
-        except ApiException as exc:
-            if status_of(exc) == 404:
-                return None
-            raise ProviderError(f"reading Pod {name}: {explain(exc)}") from None
-
-    async def pods(self, selector: str) -> list[Any]:
-        listed: Any = await idempotent(
-            self.clients.tokens,
-            self.clients.core.list_namespaced_pod,
-            self.namespace,
-            label_selector=selector,
-        )
-        return list(listed.items)
-
-
 #: Makes one pooled Pod for `plan`, pushing its undo onto the stack; returns it idle.
 MakePod = Callable[[ExecutionPlan, AsyncExitStack, Pooling], Awaitable[Ready[Pooled]]]
 
@@ -260,7 +223,7 @@ class ClaimTerms:
 
 
 async def remove_unclaimed(
-    cluster: Cluster,
+    objects: Objects,
     name: str,
     session_id: str,
     instance: str | None,
@@ -271,12 +234,12 @@ async def remove_unclaimed(
     (it is a session's then, and left alone) or never settled. A Pod already gone counts
     as removed, and its NetworkPolicy goes too."""
     for _ in range(TRIES):
-        pod = await cluster.read(name)
+        pod = await objects.read("pod", name)
         if pod is None:
             break
-        labels = _labels(pod)
+        labels = labels_of(pod)
         if labels.get(SESSION) != session_id or (
-            instance is not None and _annotations(pod).get(INSTANCE) != instance
+            instance is not None and annotations_of(pod).get(INSTANCE) != instance
         ):
             return False  # not the Pod this pool (or gc) means
         if not removable(labels):
@@ -290,10 +253,10 @@ async def remove_unclaimed(
         }
         try:
             await idempotent(
-                cluster.clients.tokens,
-                cluster.clients.core.delete_namespaced_pod,
+                objects.clients.tokens,
+                objects.clients.core.delete_namespaced_pod,
                 name,
-                cluster.namespace,
+                objects.namespace,
                 body=body,
             )
         except ApiException as exc:
@@ -305,7 +268,7 @@ async def remove_unclaimed(
         break
     else:
         return False
-    await cluster.delete_policy(name, session_id, instance)
+    await objects.delete("network_policy", name, session_id, instance)
     return True
 
 
@@ -315,20 +278,18 @@ class WarmPool(SlotPool[Pooled]):
     def __init__(
         self,
         make: MakePod,
-        cluster: Cluster,
+        objects: Objects,
         plans: Mapping[str, ExecutionPlan],
         *,
         size: int,
         max_idle_s: float,
-        delete: Callable[[str, str, str, str | None], Awaitable[None]],
     ) -> None:
         super().__init__(plans, size=size, log=log)
         self.max_idle_s = max_idle_s
         #: claims another claimer won
         self.lost = 0
         self._make_pod = make
-        self._cluster = cluster
-        self._delete = delete
+        self._objects = objects
 
     def _background(self, tg: TaskGroup) -> None:
         if self.size:
@@ -372,16 +333,16 @@ class WarmPool(SlotPool[Pooled]):
 
     async def _listed(self, key: str) -> list[Any]:
         """Idle Pods of `key` of every pool of this owner, oldest first."""
-        selector = f"{OWNER}={self._cluster.owner},{POOL_KEY}={key},{STATE}={IDLE}"
+        selector = f"{OWNER}={self._objects.owner},{POOL_KEY}={key},{STATE}={IDLE}"
         now = time.time()
 
         def claimable(pod: Any) -> bool:
-            until = _labels(pod).get(IDLE_UNTIL, "")
+            until = labels_of(pod).get(IDLE_UNTIL, "")
             fresh = until.isdigit() and int(until) - now >= CLAIM_MARGIN_S
             return fresh and _idle(pod)
 
         try:
-            listed = await self._cluster.pods(selector)
+            listed = await self._objects.listed("pod", selector)
         except (ProviderError, ApiException) as exc:  # the open goes cold, and says why
             event(log, "warning", "warm pool could not list idle Pods", error=str(exc))
             return []
@@ -416,7 +377,7 @@ class WarmPool(SlotPool[Pooled]):
                     return None, False
                 self._own(pod, owned)
                 return pod, False
-            current = await self._cluster.read(name)
+            current = await self._objects.read("pod", name)
             if current is None or not _idle(current):
                 self.lost += 1
                 return None, False
@@ -427,14 +388,14 @@ class WarmPool(SlotPool[Pooled]):
         """The claim's one write, shielded so that its answer is never lost to a
         cancellation; an answer lost on the way is read back (the claim's token says
         whether it landed). None when it did not."""
-        cluster = self._cluster
+        objects = self._objects
         with anyio.CancelScope(shield=True):
             try:
                 return await call(
-                    cluster.clients.tokens,
-                    cluster.clients.core.patch_namespaced_pod,
+                    objects.clients.tokens,
+                    objects.clients.core.patch_namespaced_pod,
                     name,
-                    cluster.namespace,
+                    objects.namespace,
                     patch,
                     _content_type=_MERGE,
                 )
@@ -445,25 +406,25 @@ class WarmPool(SlotPool[Pooled]):
                     return None
                 raise ProviderError(f"claiming Pod {name}: {explain(exc)}") from None
             except ProviderError:
-                current = await cluster.read(name)
-                if current is not None and _annotations(current).get(CLAIM) == token:
+                current = await objects.read("pod", name)
+                if current is not None and annotations_of(current).get(CLAIM) == token:
                     return current
                 return None
 
     def _own(self, pod: Any, owned: AsyncExitStack) -> None:
         """The claimed Pod is the open's now: removed by its undo, Pod first."""
         name: str = pod.metadata.name
-        sid = _labels(pod)[SESSION]
-        instance = _annotations(pod).get(INSTANCE)
-        owned.push_async_callback(self._delete, "network_policy", name, sid, instance)
-        owned.push_async_callback(self._delete, "pod", name, sid, instance)
+        sid = labels_of(pod)[SESSION]
+        instance = annotations_of(pod).get(INSTANCE)
+        owned.push_async_callback(self._objects.delete, "network_policy", name, sid, instance)
+        owned.push_async_callback(self._objects.delete, "pod", name, sid, instance)
 
     async def _remove_claimed(self, pod: Any) -> None:
         name: str = pod.metadata.name
-        sid = _labels(pod)[SESSION]
-        instance = _annotations(pod).get(INSTANCE)
-        await self._delete("pod", name, sid, instance)
-        await self._delete("network_policy", name, sid, instance)
+        sid = labels_of(pod)[SESSION]
+        instance = annotations_of(pod).get(INSTANCE)
+        await self._objects.delete("pod", name, sid, instance)
+        await self._objects.delete("network_policy", name, sid, instance)
 
     async def _make(self, key: str, plan: ExecutionPlan) -> Ready[Pooled]:
         stack = AsyncExitStack()
@@ -488,7 +449,7 @@ class WarmPool(SlotPool[Pooled]):
             if not listed:
                 continue
             try:
-                pods = await self._cluster.pods(f"{POOL}={self.id}")
+                pods = await self._objects.listed("pod", f"{POOL}={self.id}")
             except (ProviderError, ApiException) as exc:
                 event(log, "warning", "warm pool could not list its Pods", error=str(exc))
                 continue
@@ -516,34 +477,34 @@ class WarmPool(SlotPool[Pooled]):
 
     async def _retire(self, ready: Ready[Pooled]) -> None:
         """Remove an idle Pod unless someone claimed it meanwhile (shielded, bounded)."""
-        cluster, record = self._cluster, ready.item
+        objects, record = self._objects, ready.item
 
         async def remove() -> None:
-            await remove_unclaimed(cluster, record.name, record.session_id, record.instance)
+            await remove_unclaimed(objects, record.name, record.session_id, record.instance)
 
         await release(remove, log)
 
 
 def _idle(pod: Any) -> bool:
-    return _labels(pod).get(STATE) == IDLE and pod.metadata.deletion_timestamp is None
+    return labels_of(pod).get(STATE) == IDLE and pod.metadata.deletion_timestamp is None
 
 
-async def collect_idle(cluster: Cluster, now: float) -> list[str]:
+async def collect_idle(objects: Objects, now: float) -> list[str]:
     """Remove the owner's pooled Pods still unclaimed past their idle age (for `corral
     gc`): a dead harness's pool. Each by its exact name and session, only while it is
     still unclaimed (a conditional delete), so a Pod claimed meanwhile is left alone."""
     removed: list[str] = []
-    for pod in await cluster.pods(f"{OWNER}={cluster.owner},{POOL}"):
-        labels = _labels(pod)
+    for pod in await objects.listed("pod", f"{OWNER}={objects.owner},{POOL}"):
+        labels = labels_of(pod)
         sid = labels.get(SESSION, "")
         name: str = pod.metadata.name
-        if not collectable(labels, cluster.owner, now) or name != f"corral-{sid}":
+        if not collectable(labels, objects.owner, now) or name != f"corral-{sid}":
             continue
-        instance = _annotations(pod).get(INSTANCE)
+        instance = annotations_of(pod).get(INSTANCE)
 
         def removable(seen: Mapping[str, str]) -> bool:
-            return collectable(seen, cluster.owner, now)
+            return collectable(seen, objects.owner, now)
 
-        if await remove_unclaimed(cluster, name, sid, instance, removable):
+        if await remove_unclaimed(objects, name, sid, instance, removable):
             removed.append(f"idle pooled Pod {name}")
     return removed
