@@ -125,3 +125,30 @@ async def refused_download(
         await sandbox.download_dir(remote_dir, dest, service=service)
     assert snapshot(host, skip=dest) == before
     assert not dest.exists()
+
+
+async def a_dotdot_after_a_link_is_refused(sandbox: EnvironmentSession, host: Path) -> None:
+    """A tree whose `..` follows a link the workload made is refused at download_dir."""
+    await sh(sandbox, f"mkdir -p /tmp/down && cd /tmp/down && {DOTDOT_AFTER_A_LINK}")
+    await refused_download(sandbox, "/tmp/down", host)
+
+
+async def upload_dir_never_writes_through_links_in_its_root(
+    sandbox: EnvironmentSession, host: Path
+) -> None:
+    """upload_dir to a link the workload made is refused; to a directory holding one, the
+    link is replaced and its target left alone (`/etc` here, as root may link it)."""
+    source = host / "src"
+    (source / "sub").mkdir(parents=True)
+    (source / "sub" / "corral-probe").write_text("upload")
+    (source / "corral-probe").write_text("upload")
+    await sh(sandbox, "mkdir -p /tmp/dst && ln -s /etc /tmp/dst/sub && ln -s / /tmp/to-root")
+    with pytest.raises(UnsafeArchiveMember, match="/tmp/to-root"):
+        await sandbox.upload_dir(source, "/tmp/to-root")
+    await sandbox.upload_dir(source, "/tmp/dst")
+    found = await sh(
+        sandbox,
+        "ls /corral-probe /etc/corral-probe 2>/dev/null; "
+        "[ -L /tmp/dst/sub ] || cat /tmp/dst/sub/corral-probe",
+    )
+    assert found == "upload"

@@ -14,17 +14,18 @@ import pytest
 
 from corral import ExecutionPlan
 from corral.core.plan import ServiceSpec
-from corral.errors import ProviderError, UnsafeArchiveMember
+from corral.errors import ProviderError
 from corral.providers.k8s import KubernetesEnvironment
 from tests.hostile import (
     CHAIN,
-    DOTDOT_AFTER_A_LINK,
     FILE,
     Member,
+    a_dotdot_after_a_link_is_refused,
     crafted_tar,
     hardlink_chain,
     refused_download,
     sh,
+    upload_dir_never_writes_through_links_in_its_root,
 )
 from tests.integration.k8s.conftest import TEST_IMAGE
 
@@ -105,25 +106,11 @@ async def test_download_dir_refuses_dotdot_after_a_link(
     k8s_env: KubernetesEnvironment, tmp_path: Path
 ) -> None:
     async with k8s_env.session(PLAN) as sandbox:
-        await sh(sandbox, f"mkdir -p /tmp/down && cd /tmp/down && {DOTDOT_AFTER_A_LINK}")
-        await refused_download(sandbox, "/tmp/down", tmp_path)
+        await a_dotdot_after_a_link_is_refused(sandbox, tmp_path)
 
 
 async def test_upload_dir_never_writes_through_links_in_its_root(
     k8s_env: KubernetesEnvironment, tmp_path: Path
 ) -> None:
-    source = tmp_path / "src"
-    (source / "sub").mkdir(parents=True)
-    (source / "sub" / "corral-probe").write_text("upload")
-    (source / "corral-probe").write_text("upload")
     async with k8s_env.session(PLAN) as sandbox:
-        await sh(sandbox, "mkdir -p /tmp/dst && ln -s /etc /tmp/dst/sub && ln -s / /tmp/to-root")
-        with pytest.raises(UnsafeArchiveMember, match="/tmp/to-root"):
-            await sandbox.upload_dir(source, "/tmp/to-root")
-        await sandbox.upload_dir(source, "/tmp/dst")
-        found = await sh(
-            sandbox,
-            "ls /corral-probe /etc/corral-probe 2>/dev/null; "
-            "[ -L /tmp/dst/sub ] || cat /tmp/dst/sub/corral-probe",
-        )
-    assert found == "upload"
+        await upload_dir_never_writes_through_links_in_its_root(sandbox, tmp_path)
