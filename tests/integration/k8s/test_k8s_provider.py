@@ -6,7 +6,8 @@ import hashlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -187,10 +188,10 @@ async def test_unsafe_config_is_refused_or_opted_into_and_logged(
     assert objects(cluster, namespace, "unsafe") == []
 
 
-@pytest.fixture
-def enforcer_paused() -> Iterator[None]:
-    """kube-router frozen (SIGSTOP), so new NetworkPolicies are not programmed: the
-    cluster then fails open, as kind's kindnetd does."""
+@contextmanager
+def paused_enforcer() -> Generator[None]:
+    """kube-router frozen (SIGSTOP), so NetworkPolicies are not programmed: the cluster
+    then fails open, as kind's kindnetd does."""
     if not ENFORCER_PID.exists():
         unavailable(f"no {ENFORCER_PID}: this test needs the cluster of cluster/up.sh")
     pid = int(ENFORCER_PID.read_text().strip())
@@ -205,7 +206,6 @@ def enforcer_paused() -> Iterator[None]:
 async def test_unenforced_policy_is_detected(
     cluster: Any,
     namespace: str,
-    enforcer_paused: None,
     runtime_classes: dict[str, str | None],
     runtime: str,
 ) -> None:
@@ -215,9 +215,43 @@ async def test_unenforced_policy_is_detected(
         verify_timeout_s=4,
         runtime_class_name=runtime_classes[runtime],
     )
-    with pytest.raises(NetworkPolicyNotEnforced, match="does not enforce"):
+    with paused_enforcer(), pytest.raises(NetworkPolicyNotEnforced, match="does not enforce"):
         await env.open(plan("no-network"))
     assert objects(cluster, namespace, "failopen") == []
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIME_CLASSES))
+async def test_a_narrowing_switch_the_cni_never_takes_is_detected(
+    cluster: Any,
+    namespace: str,
+    plain_server: str,
+    runtime_classes: dict[str, str | None],
+    runtime: str,
+) -> None:
+    """From an allowlist naming a Pod to no-network while the CNI is frozen: the switch
+    fails closed. The node's port every non-public policy forbids cannot show that the
+    CNI took it (that port was refused before the switch too); what the old policy let
+    through and the new one forbids can."""
+    allow = NetworkPolicy.allowlist(f"{plain_server}:9000")
+    env = make_env(
+        namespace,
+        owner="narrowing",
+        verify_timeout_s=4,
+        runtime_class_name=runtime_classes[runtime],
+    )
+    sandbox = await env.open(plan(allow))
+    try:
+        for _ in range(30):
+            if await tcp(sandbox, EgressTarget(plain_server, 9000)):
+                break
+            await anyio.sleep(0.5)
+        else:
+            pytest.fail(f"{plain_server}:9000 never opened under {allow}")
+        with paused_enforcer(), pytest.raises(NetworkPolicyNotEnforced, match="still answered"):
+            await sandbox.set_network_policy(NetworkPolicy.no_network())
+    finally:
+        await env.close(sandbox)
+    assert objects(cluster, namespace, "narrowing") == []
 
 
 async def test_a_large_tree_comes_back_whole(

@@ -107,6 +107,14 @@ async def replace_spec(clients: Any, namespace: str, name: str, body: dict[str, 
         raise ProviderError(f"patching NetworkPolicy {name}: {explain(exc)}") from None
 
 
+async def answering(
+    prober: Target, destinations: list[tuple[IPAddress, int]], dialler: str | None
+) -> list[tuple[IPAddress, int]]:
+    """Which of `destinations` connect from the Pod now, dialled at once."""
+    seen = await probe.dial_each(prober, destinations, dialler)
+    return [d for d, connected in zip(destinations, seen, strict=True) if connected]
+
+
 async def verify(
     prober: Target,
     policy: NetworkPolicy,
@@ -115,21 +123,27 @@ async def verify(
     timeout_s: float,
     *,
     dialler: str | None = None,
+    answered: list[tuple[IPAddress, int]] | None = None,
 ) -> float:
-    """Dial a forbidden destination until refused; returns seconds until enforced.
-    `dialler`: corral's helper in the probe container (`probe.dial`), else busybox."""
+    """Dial what the policy forbids until refused; returns seconds until enforced.
+
+    `answered`: destinations that connected under the policy before this one and that it
+    forbids (`probe.narrowed`), each dialled until refused; then the first forbidden
+    candidate. `dialler`: corral's helper in the probe container (`probe.dial`), else
+    busybox."""
+    targets = list(answered or [])
     forbidden = forbidden_probe(policy, resolved, candidates)
-    if forbidden is None:
-        return 0.0
-    host, port = forbidden
+    if forbidden is not None and forbidden not in targets:
+        targets.append(forbidden)
     started = time.monotonic()
     deadline = started + timeout_s
-    while await probe.dial(prober, str(host), port, dialler):
-        if time.monotonic() > deadline:
-            raise NetworkPolicyNotEnforced(
-                f"{host}:{port}, which {policy} forbids, still answered {timeout_s:.0f} s "
-                "after the NetworkPolicy was applied; the cluster's CNI does not enforce "
-                "NetworkPolicy (or fails open)"
-            )
-        await anyio.sleep(0.25)
+    for host, port in targets:
+        while await probe.dial(prober, str(host), port, dialler):
+            if time.monotonic() > deadline:
+                raise NetworkPolicyNotEnforced(
+                    f"{host}:{port}, which {policy} forbids, still answered {timeout_s:.0f} s "
+                    "after the NetworkPolicy was applied; the cluster's CNI does not enforce "
+                    "NetworkPolicy (or fails open)"
+                )
+            await anyio.sleep(0.25)
     return time.monotonic() - started

@@ -15,9 +15,13 @@ container a container start each time, and each one stays in the Pod's spec for 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
+import anyio
+
 from corral.errors import ProviderError
+from corral.network.targets import IPAddress
 from corral.providers.k8s.config import KubernetesConfig
 from corral.providers.k8s.execution import Target, run_own
 
@@ -94,11 +98,35 @@ async def dial(target: Target, host: str, port: int, dialler: str | None = None)
     Fails closed: when the positive control does not connect, or the output is anything
     but the dialler's own verdict, this raises instead of answering.
     """
-    control = str(secrets.randbelow(_CONTROL_PORTS[1] - _CONTROL_PORTS[0]) + _CONTROL_PORTS[0])
+    (control,) = _control_ports(1)
+    return await _dial(target, host, port, dialler, control)
+
+
+async def dial_each(
+    target: Target, destinations: Sequence[tuple[IPAddress, int]], dialler: str | None
+) -> list[bool]:
+    """`dial` for each destination, all at once (each with a control port of its own)."""
+    seen = [False] * len(destinations)
+
+    async def one(index: int, host: IPAddress, port: int, control: int) -> None:
+        seen[index] = await _dial(target, str(host), port, dialler, control)
+
+    async with anyio.create_task_group() as tg:
+        controls = _control_ports(len(destinations))
+        for index, ((host, port), control) in enumerate(zip(destinations, controls, strict=True)):
+            tg.start_soon(one, index, host, port, control)
+    return seen
+
+
+def _control_ports(count: int) -> list[int]:
+    return secrets.SystemRandom().sample(range(*_CONTROL_PORTS), count)
+
+
+async def _dial(target: Target, host: str, port: int, dialler: str | None, control: int) -> bool:
     if dialler is not None:
-        argv = [dialler, "--probe-dial", control, host, str(port)]
+        argv = [dialler, "--probe-dial", str(control), host, str(port)]
     else:
-        argv = ["sh", "-c", DIAL_SCRIPT, "sh", control, host, str(port)]
+        argv = ["sh", "-c", DIAL_SCRIPT, "sh", str(control), host, str(port)]
     return verdict(await run(target, argv), target.pod)
 
 

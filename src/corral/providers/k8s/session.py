@@ -50,7 +50,8 @@ from corral.helper.channel import Executor, PlainExecutor
 from corral.helper.link import ChannelUnavailable
 from corral.helper.procs import ProcessClient, ProcessLink
 from corral.network.policy import NetworkPolicy
-from corral.network.resolve import needs_dns
+from corral.network.probe import narrowed
+from corral.network.resolve import Resolution, hostnames, needs_dns
 from corral.network.targets import EntryType, IPAddress
 from corral.providers.k8s import enforcement
 from corral.providers.k8s.api import stoppable
@@ -162,6 +163,9 @@ class KubernetesSession(EnvironmentSession):
         self.output_limit = output_limit
         self.default_timeout = default_timeout
         self.last_enforced_s = 0.0
+        #: what the policy in force resolved to; None until known (a reattached policy
+        #: with hostnames, until re-applied)
+        self.resolution: Resolution | None = None if hostnames(policy) else Resolution()
         self.forwards: dict[int, PortForwarder] = {}
         self.reaper = reaper
         self.snapshots = snapshots
@@ -418,9 +422,16 @@ class KubernetesSession(EnvironmentSession):
             await self.fail_enforcement(str(exc))
 
     async def enforce(self, policy: NetworkPolicy) -> None:
-        """Patch the NetworkPolicy to `policy` and, unless turned off, probe it."""
+        """Patch the NetworkPolicy to `policy` and, unless turned off, probe it: what the
+        policy in force let through and `policy` takes away is dialled before the patch,
+        and what connected then must be refused after it."""
         resolved = await enforcement.resolve(self.prober, policy, self.dns, self.host_aliases)
         body = enforcement.render(policy, resolved, self.policy_name, self.id, self.labels)
+        dialler = await self._dialler() if self.verify else None
+        answered: list[tuple[IPAddress, int]] = []
+        if self.verify and self.resolution is not None:
+            taken = narrowed(self.policy, self.resolution, policy, resolved)
+            answered = await enforcement.answering(self.prober, taken, dialler)
         await enforcement.replace_spec(
             self.target.clients, self.target.namespace, self.policy_name, body
         )
@@ -431,9 +442,11 @@ class KubernetesSession(EnvironmentSession):
                 resolved,
                 self.probe_candidates,
                 self.verify_timeout_s,
-                dialler=await self._dialler(),
+                dialler=dialler,
+                answered=answered,
             )
         self.policy = policy
+        self.resolution = resolved
 
     async def _dialler(self) -> str | None:
         """corral's helper as the probe container sees it, put in the programs volume
