@@ -23,20 +23,28 @@ def test_an_allowlist_narrowed_to_no_network_is_probed_where_it_let_through() ->
 
 
 def test_what_the_new_policy_still_allows_is_not_a_probe() -> None:
-    before = NetworkPolicy.allowlist(f"{SERVER}:9000", "10.9.0.0/24")
+    before = NetworkPolicy.allowlist(f"{SERVER}:9000", "10.9.0.0/24:22")
     after = NetworkPolicy.allowlist(f"{SERVER}:9000")
-    # a network without a port is tried on the ports hosts most often answer on
-    assert narrowed(before, NONE, after, NONE) == [
-        (ipaddress.ip_address("10.9.0.1"), 443),
-        (ipaddress.ip_address("10.9.0.1"), 80),
-    ]
+    assert narrowed(before, NONE, after, NONE) == [(ipaddress.ip_address("10.9.0.1"), 22)]
     assert narrowed(after, NONE, before, NONE) == []
 
 
+def test_an_address_without_a_port_names_nothing_known_to_answer() -> None:
+    # corral's own DNS-only step (resolvers, every port) is one of these
+    before = NetworkPolicy.allowlist("10.96.0.10", "10.9.0.0/24")
+    assert narrowed(before, NONE, NetworkPolicy.no_network(), NONE) == []
+
+
 def test_names_are_probed_at_the_addresses_they_resolved_to() -> None:
-    before = NetworkPolicy.allowlist("pypi.test:443")
     resolved = Resolution(addresses={"pypi.test": (SERVER,)})
-    assert narrowed(before, resolved, NetworkPolicy.no_network(), NONE) == [(SERVER, 443)]
+    before = NetworkPolicy.allowlist("pypi.test:8443")
+    assert narrowed(before, resolved, NetworkPolicy.no_network(), NONE) == [(SERVER, 8443)]
+    # a name without a port on the ports named hosts most often answer on
+    before = NetworkPolicy.allowlist("pypi.test")
+    assert narrowed(before, resolved, NetworkPolicy.no_network(), NONE) == [
+        (SERVER, 443),
+        (SERVER, 80),
+    ]
 
 
 def test_after_public_or_a_denylist_the_candidates_suffice() -> None:

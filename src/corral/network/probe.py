@@ -5,8 +5,8 @@ from __future__ import annotations
 import ipaddress
 
 from corral.network.policy import NetworkMode, NetworkPolicy
-from corral.network.resolve import AddressRule, Resolution, address_rules
-from corral.network.targets import IPAddress
+from corral.network.resolve import Resolution, address_rules
+from corral.network.targets import EntryType, IPAddress, IPNetwork
 
 DISCARD_PORT = 9
 
@@ -37,7 +37,8 @@ def forbidden_probe(
     options = list(candidates)
     if policy.network_mode is NetworkMode.DENYLIST:
         denied = [
-            (_a_host(rule), rule.port or DISCARD_PORT) for rule in address_rules(policy, resolved)
+            (_a_host(rule.network), rule.port or DISCARD_PORT)
+            for rule in address_rules(policy, resolved)
         ]
         options = denied + options
     return next((c for c in options if not allows(policy, resolved, *c)), None)
@@ -46,8 +47,8 @@ def forbidden_probe(
 #: at most this many destinations a switch takes away are dialled around it
 NARROWED_LIMIT = 4
 
-#: the ports a rule without one is tried on: those hosts most often answer on
-_COMMON_PORTS = (443, 80)
+#: the ports a name without one is tried on: those a named host most often answers on
+_NAMED_PORTS = (443, 80)
 
 
 def narrowed(
@@ -56,28 +57,36 @@ def narrowed(
     policy: NetworkPolicy,
     resolved: Resolution,
 ) -> list[tuple[IPAddress, int]]:
-    """Destinations the `previous` allowlist let through that `policy` forbids (at most
-    NARROWED_LIMIT; a rule without a port on 443 and 80).
+    """Destinations the `previous` allowlist let through that `policy` forbids, at most
+    NARROWED_LIMIT: each entry with a port, and a name without one on 443 and 80.
 
     A switch between two policies that both forbid the probe's candidates (an allowlist
     narrowed to no-network) is shown taken by a CNI only by one of these being refused:
-    a destination refused before the switch too proves nothing. After a `public` or a
-    denylist, the candidates themselves were allowed, so `forbidden_probe` suffices.
+    a destination refused before the switch too proves nothing. An address or network
+    without a port names none known to answer, so it gives none (dialling a guess that
+    drops would cost the dial's timeout). After a `public` or a denylist, the candidates
+    themselves were allowed, so `forbidden_probe` suffices.
     """
     if previous.network_mode is not NetworkMode.ALLOWLIST:
         return []
     found: list[tuple[IPAddress, int]] = []
-    for rule in address_rules(previous, previous_resolved, skip_wildcards=True):
-        host = _a_host(rule)
-        for port in (rule.port,) if rule.port else _COMMON_PORTS:
-            if (host, port) not in found and not allows(policy, resolved, host, port):
-                found.append((host, port))
+    for target in previous.targets:
+        if target.entry_type is EntryType.HOSTNAME:
+            hosts = previous_resolved.addresses.get(target.host, ())
+            ports = (target.port,) if target.port else _NAMED_PORTS
+        elif target.entry_type is EntryType.WILDCARD_HOSTNAME or target.port is None:
+            continue
+        else:
+            hosts, ports = (_a_host(target.network()),), (target.port,)
+        for host in hosts:
+            for port in ports:
+                if (host, port) not in found and not allows(policy, resolved, host, port):
+                    found.append((host, port))
     return found[:NARROWED_LIMIT]
 
 
-def _a_host(rule: AddressRule) -> IPAddress:
-    """One address of the rule's network (not a /31's or wider's network address)."""
-    network = rule.network
+def _a_host(network: IPNetwork) -> IPAddress:
+    """One address of `network` (not a /31's or wider's network address)."""
     if network.num_addresses > 2:
         return ipaddress.ip_address(next(iter(network.hosts())))
     return ipaddress.ip_address(network.network_address)
