@@ -3,6 +3,7 @@ destination (on Kubernetes the archive is whatever the Pod's `tar` prints)."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,6 +129,31 @@ def test_extract_file_refuses_a_file_over_the_limit_before_reading_it(tmp_path: 
         extract_file(chunks(), tmp_path / "o", "big", 4096)
     assert list(tmp_path.iterdir()) == [], "nothing written"
     assert len(read) * 512 <= 20_480, "no more than tarfile's first record was read"
+
+
+def test_deep_and_interleaved_trees_land_whole_without_holding_descriptors(
+    tmp_path: Path,
+) -> None:
+    """Extraction keeps the way to the last member's directory open for the next one:
+    a tree deeper than that (a hostile depth must not become as many descriptors), and
+    members that leave a directory and come back, land exactly; nothing stays open."""
+    deep = "/".join(f"d{n}" for n in range(300))
+    members: list[Member] = [
+        ("a/b/x", FILE, "", b"x"),
+        ("c/y", FILE, "", b"y"),
+        ("a/b/z", FILE, "", b"z"),
+        (f"{deep}/leaf", FILE, "", b"deep"),
+        ("d0/d1/side", FILE, "", b"side"),
+        (f"{deep}/leaf2", FILE, "", b"deep2"),
+    ]
+    before = len(os.listdir("/proc/self/fd"))
+    _extract(members, tmp_path / "out")
+    assert len(os.listdir("/proc/self/fd")) == before
+    out = tmp_path / "out"
+    assert [(out / n).read_bytes() for n, *_ in members] == [m[3] for m in members]
+    with pytest.raises(UnsafeArchiveMember, match="'a/b' would replace the directory"):
+        _extract([("a/b/x", FILE, "", b"x"), ("a/b", SYMLINK, ".", b"")], tmp_path / "o2")
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 # The property: random chains of links (symbolic and hard, relative and absolute, with

@@ -41,6 +41,8 @@ from corral.errors import TransferLimitExceeded, UnsafeArchiveMember
 CHUNK = 1024 * 1024
 _BLOCK = tarfile.BLOCKSIZE
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: how many directories on a member's way extraction keeps open for the next member
+_CHAIN_DEPTH = 16
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -228,12 +230,77 @@ class _Staging:
         self.fd = os.open(root, _DIRECTORY)
         # Modes and mtimes of directories, set once everything inside them is written.
         self.dirs: dict[tuple[str, ...], tuple[int, float]] = {}
+        # The directories on the way to the last member's parent, each name with its
+        # descriptor: members come directory by directory, so the next one's way mostly
+        # starts the same. A descriptor kept stays that directory's: nothing in the
+        # staging tree but this extraction writes, and it never removes a directory.
+        self.chain: list[tuple[str, int]] = []
+        # Below _CHAIN_DEPTH, the last member's parent alone (a hostile archive's depth
+        # must not become as many open descriptors).
+        self.tail: int | None = None
 
     def __enter__(self) -> _Staging:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._drop_tail()
+        self._cut(0)
         os.close(self.fd)
+
+    def _cut(self, depth: int) -> None:
+        while len(self.chain) > depth:
+            os.close(self.chain.pop()[1])
+
+    def parent_of(self, name: str, parts: Sequence[str]) -> int:
+        """A descriptor of the directory at `parts`, created as needed and reached without
+        following a symlink; valid until the next call."""
+        self._drop_tail()
+        kept = parts[:_CHAIN_DEPTH]
+        same = 0
+        while same < min(len(kept), len(self.chain)) and self.chain[same][0] == kept[same]:
+            same += 1
+        self._cut(same)
+        for depth in range(same, len(kept)):
+            fd = self.chain[-1][1] if self.chain else self.fd
+            self.chain.append((kept[depth], self._step(name, parts, depth, fd, create=True)))
+        fd = self.chain[-1][1] if self.chain else self.fd
+        if len(parts) > _CHAIN_DEPTH:
+            self.tail = self._walk(name, parts, _CHAIN_DEPTH, fd, create=True)
+            return self.tail
+        return fd
+
+    def _drop_tail(self) -> None:
+        if self.tail is not None:
+            os.close(self.tail)
+            self.tail = None
+
+    def _walk(self, name: str, parts: Sequence[str], start: int, fd: int, *, create: bool) -> int:
+        """A new descriptor of `parts`, walked from `fd` (at `parts[:start]`) one no-follow
+        step at a time; the caller closes it."""
+        fd = os.dup(fd)
+        try:
+            for depth in range(start, len(parts)):
+                child = self._step(name, parts, depth, fd, create=create)
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _step(self, name: str, parts: Sequence[str], depth: int, fd: int, *, create: bool) -> int:
+        """The directory `parts[depth]` in `fd` (created if `create`), opened without
+        following a symlink."""
+        part = parts[depth]
+        if create:
+            with suppress(FileExistsError):
+                os.mkdir(part, 0o777, dir_fd=fd)
+        try:
+            return os.open(part, _DIRECTORY, dir_fd=fd)
+        except OSError:
+            kind = _kind(_lstat(part, fd))
+            where = "/".join(parts[: depth + 1])
+            raise self.refuse(name, f"{where!r} on its way is {kind}") from None
 
     def refuse(self, name: str, why: str) -> UnsafeArchiveMember:
         return UnsafeArchiveMember(
@@ -249,20 +316,8 @@ class _Staging:
     @contextmanager
     def directory(self, name: str, parts: Sequence[str], *, create: bool) -> Generator[int]:
         """A descriptor of the directory at `parts`, reached without following a symlink."""
-        fd = os.dup(self.fd)
+        fd = self._walk(name, parts, 0, self.fd, create=create)
         try:
-            for depth, part in enumerate(parts, 1):
-                if create:
-                    with suppress(FileExistsError):
-                        os.mkdir(part, 0o777, dir_fd=fd)
-                try:
-                    child = os.open(part, _DIRECTORY, dir_fd=fd)
-                except OSError:
-                    kind = _kind(_lstat(part, fd))
-                    where = "/".join(parts[:depth])
-                    raise self.refuse(name, f"{where!r} on its way is {kind}") from None
-                os.close(fd)
-                fd = child
             yield fd
         finally:
             os.close(fd)
@@ -279,30 +334,30 @@ class _Staging:
                 raise self.refuse(name, "the root itself must be a directory")
             return
         *parents, leaf = parts
-        with self.directory(name, parents, create=True) as parent:
-            existing = _lstat(leaf, parent)
-            if existing is not None and stat.S_ISDIR(existing.st_mode):
-                if member.isdir():
-                    return
-                raise UnsafeArchiveMember(
-                    f"archive member {name!r} would replace the directory it names; "
-                    "refusing the archive"
-                )
-            if member.issym():
-                fault = _link_fault(parts, member.linkname)
-                if fault is not None:
-                    raise self.refuse(name, f"link to {member.linkname!r} {fault}")
-            if member.islnk():
-                self.hardlink(name, link, parent, leaf)
-                return
-            if existing is not None:
-                os.unlink(leaf, dir_fd=parent)
+        parent = self.parent_of(name, parents)
+        existing = _lstat(leaf, parent)
+        if existing is not None and stat.S_ISDIR(existing.st_mode):
             if member.isdir():
-                os.mkdir(leaf, 0o777, dir_fd=parent)
-            elif member.issym():
-                os.symlink(member.linkname, leaf, dir_fd=parent)
-            else:
-                self.write(archive, member, parent, leaf)
+                return
+            raise UnsafeArchiveMember(
+                f"archive member {name!r} would replace the directory it names; "
+                "refusing the archive"
+            )
+        if member.issym():
+            fault = _link_fault(parts, member.linkname)
+            if fault is not None:
+                raise self.refuse(name, f"link to {member.linkname!r} {fault}")
+        if member.islnk():
+            self.hardlink(name, link, parent, leaf)
+            return
+        if existing is not None:
+            os.unlink(leaf, dir_fd=parent)
+        if member.isdir():
+            os.mkdir(leaf, 0o777, dir_fd=parent)
+        elif member.issym():
+            os.symlink(member.linkname, leaf, dir_fd=parent)
+        else:
+            self.write(archive, member, parent, leaf)
 
     def hardlink(self, name: str, link: str, parent: int, leaf: str) -> None:
         """Link to a regular file this archive extracted; nothing else is linkable."""
