@@ -3,7 +3,6 @@ destination (on Kubernetes the archive is whatever the Pod's `tar` prints)."""
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,10 @@ from tests.hostile import (
     host_tree,
     snapshot,
 )
+
+
+def _open_descriptors() -> int:
+    return len(list(Path("/proc/self/fd").iterdir()))
 
 
 def _extract(members: list[Member], dest: Path) -> None:
@@ -146,14 +149,14 @@ def test_deep_and_interleaved_trees_land_whole_without_holding_descriptors(
         ("d0/d1/side", FILE, "", b"side"),
         (f"{deep}/leaf2", FILE, "", b"deep2"),
     ]
-    before = len(os.listdir("/proc/self/fd"))
+    before = _open_descriptors()
     _extract(members, tmp_path / "out")
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert _open_descriptors() == before
     out = tmp_path / "out"
     assert [(out / n).read_bytes() for n, *_ in members] == [m[3] for m in members]
     with pytest.raises(UnsafeArchiveMember, match="'a/b' would replace the directory"):
         _extract([("a/b/x", FILE, "", b"x"), ("a/b", SYMLINK, ".", b"")], tmp_path / "o2")
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert _open_descriptors() == before
 
 
 # The property: random chains of links (symbolic and hard, relative and absolute, with
