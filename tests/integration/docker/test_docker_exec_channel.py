@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import anyio
 import pytest
 
 from corral import ExecutionPlan
@@ -45,6 +46,18 @@ async def test_execs_go_through_one_channel(owner: str) -> None:
     assert first.stdout == "hi\n"
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(20)]
     assert after == before, f"{after - before} engine execs for 20 commands on the channel"
+
+
+async def test_the_channel_outlives_a_quiet_spell_longer_than_an_api_call(owner: str) -> None:
+    """An agent that thinks for longer than `api_timeout_s` between two commands finds the
+    same channel: its stream must not carry the engine client's per-call timeout."""
+    env = make_env(owner, api_timeout_s=4)
+    async with env.session(PLAN) as session:
+        await session.exec(["true"])
+        await anyio.sleep(6)
+        result = await session.exec(["echo", "still"])
+        assert _channel(session).starts == 1
+    assert result.stdout == "still\n"
 
 
 async def test_without_the_channel_each_exec_is_an_engine_exec(owner: str) -> None:

@@ -127,6 +127,21 @@ async def test_each_refused_attempt_is_listed_and_each_admitted_flow_as_allowed(
     assert events.dropped == 0 and events.lost == 0 and events.error is None
 
 
+async def test_the_reader_outlives_a_quiet_spell_longer_than_an_api_call(
+    owner: str, tcp_targets: list[EgressTarget]
+) -> None:
+    """A sandbox that is refused nothing for longer than `api_timeout_s` still has its
+    reader: the stream's socket must not carry the engine client's per-call timeout."""
+    env = make_env(owner, api_timeout_s=4)
+    denied = tcp_targets[1]
+    async with env.session(plan("no-network")) as sandbox:
+        await anyio.sleep(6)
+        assert not await tcp(sandbox, denied.host, denied.port)
+        events = await settled_events(sandbox, lambda e: bool(e.refused()))
+    assert events.error is None, events.error
+    assert [key(x) for x in events.refused()] == [(DENIED_IP, "tcp", denied.port)]
+
+
 async def test_root_in_the_sandbox_cannot_forge_or_erase_events(
     owner: str, tcp_targets: list[EgressTarget], udp_targets: list[EgressTarget]
 ) -> None:

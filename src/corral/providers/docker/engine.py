@@ -133,8 +133,12 @@ class Engine:
         return created["Id"], Hijacked(raw)
 
     async def open_stream(self, container: str, argv: list[str]) -> Hijacked:
-        """One of corral's programs, `argv`, started in `container` as root from `/`."""
+        """One of corral's programs, `argv`, started in `container` as root from `/`, on a
+        stream that waits for it as long as it runs: its reads have no timeout (the
+        client's per-call one would end an exec channel, or an event reader, after that
+        long without a word), and its owner ends it with a shutdown."""
         _, stream = await self.exec_stream(container, argv, stdin=True, user="0", workdir="/")
+        stream.sock.settimeout(None)
         return stream
 
     def path_stat(self, container: str, path: str) -> dict[str, Any] | None:
