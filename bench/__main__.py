@@ -60,8 +60,9 @@ def main(argv: list[str]) -> int:
         print("bench: no Docker Engine answers; run `bash bench/run.sh`", file=sys.stderr)
         return 2
     names = args.only or list(CASES)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
-        ctx = make_context(0.2 if args.quick else 1.0, Path(tmp))
+        ctx = make_context(0.2 if args.quick else 1.0, Path(tmp), args.output.parent)
         machine = describe(ctx.raw)
         started = time.time()
         rows = anyio.run(_run, ctx, names)
@@ -75,7 +76,6 @@ def main(argv: list[str]) -> int:
         "machine": machine,
         "rows": [row.as_json() for row in rows],
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 

@@ -31,6 +31,8 @@ class Context:
     owner: str
     scale: float
     workspace: Path
+    #: where the results go: pictures a case draws land beside them
+    results: Path
 
     def reps(self, full: int, minimum: int = 3) -> int:
         """Timed repetitions: `full` in a full run, fewer (never under `minimum`) with --quick."""
@@ -68,10 +70,11 @@ class Context:
         return removed
 
 
-def make_context(scale: float, workspace: Path) -> Context:
+def make_context(scale: float, workspace: Path, results: Path) -> Context:
     owner = f"corral-bench-{secrets.token_hex(3)}"
     config = DockerConfig(owner=owner, holder_image=HOLDER_IMAGE, pull_policy="never")
-    return Context(DockerEnvironment(config), docker.APIClient(), owner, scale, workspace)
+    raw = docker.APIClient()
+    return Context(DockerEnvironment(config), raw, owner, scale, workspace, results)
 
 
 async def timed(fn: Callable[[], Awaitable[object]]) -> float:

@@ -13,6 +13,7 @@ from bench.cases import (
     docker_policy,
     docker_pool,
     docker_processes,
+    docker_scale,
     docker_transfer,
     k8s,
 )
@@ -29,6 +30,7 @@ CASES: dict[str, Case] = {
     "transfer": docker_transfer.run,
     "policy": docker_policy.run,
     "concurrency": docker_concurrency.run,
+    "scale": docker_scale.run,
     "admission": admission.run,
     "agentcompass": agentcompass.run,
     "k8s": k8s.run,

@@ -32,15 +32,27 @@ def raw_cycle(api: Any) -> None:
 def objects_cycle(api: Any) -> None:
     """corral's three objects by docker-py: network, holder on it, sandbox joining the
     holder's namespace, an exec, all removed; no rules, probe, events or channel."""
+    network, containers = [], []
+    try:
+        network, containers = make_objects(api)
+        exec_id = api.exec_create(containers[-1], ["true"])["Id"]
+        api.exec_start(exec_id)
+    finally:
+        remove_objects(api, network, containers)
+
+
+def make_objects(api: Any) -> tuple[list[str], list[str]]:
+    """corral's three objects by docker-py, started: ([network], [holder, sandbox]); what
+    was made is removed if a step fails."""
     labels = {RAW: "1"}
-    network = api.create_network(f"corral-bench-{secrets.token_hex(4)}", labels=labels)["Id"]
+    network = [api.create_network(f"corral-bench-{secrets.token_hex(4)}", labels=labels)["Id"]]
     containers: list[str] = []
     try:
         holder = api.create_container(
             HOLDER_IMAGE,
             ["sleep", "infinity"],
             labels=labels,
-            host_config=api.create_host_config(network_mode=network, cap_add=["NET_ADMIN"]),
+            host_config=api.create_host_config(network_mode=network[0], cap_add=["NET_ADMIN"]),
         )["Id"]
         containers.append(holder)
         api.start(holder)
@@ -52,11 +64,16 @@ def objects_cycle(api: Any) -> None:
         )["Id"]
         containers.append(sandbox)
         api.start(sandbox)
-        exec_id = api.exec_create(sandbox, ["true"])["Id"]
-        api.exec_start(exec_id)
-    finally:
-        for container in reversed(containers):
-            api.remove_container(container, force=True, v=True)
+    except BaseException:
+        remove_objects(api, network, containers)
+        raise
+    return network, containers
+
+
+def remove_objects(api: Any, networks: list[str], containers: list[str]) -> None:
+    for container in reversed(containers):
+        api.remove_container(container, force=True, v=True)
+    for network in networks:
         api.remove_network(network)
 
 
