@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
 import socket
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 from corral.errors import ProviderError
+from corral.providers.k8s import probe
+from corral.providers.k8s.execution import Target
 from corral.providers.k8s.probe import DIAL_SCRIPT, verdict
 
 
@@ -58,3 +63,21 @@ def test_the_script_with_a_real_busybox(tmp_path: Path) -> None:
         opened = _dial(tmp_path, "127.0.0.1", open_port, _free_port())
     closed = _dial(tmp_path, "127.0.0.1", _free_port(), _free_port())
     assert (verdict(opened, "p"), verdict(closed, "p")) == (True, False)
+
+
+@pytest.mark.anyio
+async def test_dialling_several_at_once_raises_a_failed_control_as_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One dial whose control fails fails the whole check with its own ProviderError (not
+    an ExceptionGroup a caller catching ProviderError would miss)."""
+
+    async def run(target: object, argv: list[str], stdin: bytes | None = None) -> str:
+        return "control-failed" if argv[-2] == "10.0.0.2" else "connected"
+
+    monkeypatch.setattr(probe, "run", run)
+    target = cast(Target, SimpleNamespace(pod="p"))
+    first, second = ipaddress.ip_address("10.0.0.1"), ipaddress.ip_address("10.0.0.2")
+    assert await probe.dial_each(target, [(first, 80)], "/d") == [True]
+    with pytest.raises(ProviderError, match="positive control"):
+        await probe.dial_each(target, [(first, 80), (second, 80)], "/d")

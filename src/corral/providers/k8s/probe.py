@@ -105,16 +105,25 @@ async def dial(target: Target, host: str, port: int, dialler: str | None = None)
 async def dial_each(
     target: Target, destinations: Sequence[tuple[IPAddress, int]], dialler: str | None
 ) -> list[bool]:
-    """`dial` for each destination, all at once (each with a control port of its own)."""
+    """`dial` for each destination, all at once (each with a control port of its own);
+    the first failure is raised as itself, the other dials cancelled."""
     seen = [False] * len(destinations)
-
-    async def one(index: int, host: IPAddress, port: int, control: int) -> None:
-        seen[index] = await _dial(target, str(host), port, dialler, control)
+    failures: list[Exception] = []
 
     async with anyio.create_task_group() as tg:
+
+        async def one(index: int, host: IPAddress, port: int, control: int) -> None:
+            try:
+                seen[index] = await _dial(target, str(host), port, dialler, control)
+            except Exception as exc:  # raised as itself below, not in the group's ExceptionGroup
+                failures.append(exc)
+                tg.cancel_scope.cancel()
+
         controls = _control_ports(len(destinations))
         for index, ((host, port), control) in enumerate(zip(destinations, controls, strict=True)):
             tg.start_soon(one, index, host, port, control)
+    if failures:
+        raise failures[0]
     return seen
 
 
