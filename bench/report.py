@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from bench.stats import Summary
 
-Unit = Literal["s", "count"]
+Unit = Literal["s", "count", "KiB"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,8 @@ def ratio_at_most(corral: Summary, baseline: Summary, limit: float) -> bool:
 def _value(value: float, unit: Unit) -> str:
     if unit == "count":
         return f"{value:g}"
+    if unit == "KiB":
+        return f"{value:.1f} KiB"
     if value >= 10:
         return f"{value:.1f} s"
     if value >= 1:

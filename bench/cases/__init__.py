@@ -16,6 +16,7 @@ from bench.cases import (
     docker_scale,
     docker_transfer,
     k8s,
+    k8s_kwok,
 )
 from bench.context import Context
 from bench.report import Row
@@ -34,4 +35,5 @@ CASES: dict[str, Case] = {
     "admission": admission.run,
     "agentcompass": agentcompass.run,
     "k8s": k8s.run,
+    "kwok": k8s_kwok.run,
 }

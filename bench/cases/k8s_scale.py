@@ -42,7 +42,7 @@ READY_WITHIN_S = 600
 DRAIN_WITHIN_S = 300
 
 
-class _TimedK8s(KubernetesEnvironment):
+class TimedK8s(KubernetesEnvironment):
     """The provider, recording how long each open took once it held the open limiter
     (`max_concurrent_opens`): the rest of an open's time is its wait in the queue."""
 
@@ -62,7 +62,7 @@ def _ready(pod: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
-def _left(core: Any, networking: Any, namespace: str, selector: str) -> tuple[int, int]:
+def objects_left(core: Any, networking: Any, namespace: str, selector: str) -> tuple[int, int]:
     """(objects carrying `selector` and not being deleted, all objects carrying it)."""
     items: list[Any] = [
         *core.list_namespaced_pod(namespace, label_selector=selector).items,
@@ -72,9 +72,9 @@ def _left(core: Any, networking: Any, namespace: str, selector: str) -> tuple[in
     return len(alive), len(items)
 
 
-def _drain(core: Any, networking: Any, namespace: str, selector: str) -> float:
+def drain(core: Any, networking: Any, namespace: str, selector: str) -> float:
     started = time.perf_counter()
-    while _left(core, networking, namespace, selector)[1]:
+    while objects_left(core, networking, namespace, selector)[1]:
         if time.perf_counter() - started > DRAIN_WITHIN_S:
             raise RuntimeError(f"objects labelled {selector} still there after {DRAIN_WITHIN_S} s")
         time.sleep(0.5)
@@ -143,7 +143,7 @@ async def scale_rows(
 ) -> list[Row]:
     """`pods` sandboxes at once on `env`'s cluster and namespace, then the baseline."""
     cfg = env.config
-    timed_env = _TimedK8s(cfg)
+    timed_env = TimedK8s(cfg)
     timed_env.service = []
     client = k8s_config.new_client_from_config(config_file=kubeconfig)
     client.configuration.connection_pool_maxsize = pods + 4
@@ -178,8 +178,8 @@ async def scale_rows(
             for session in sessions:
                 group.start_soon(timed_env.close, session)
         close_wall = time.perf_counter() - closing
-    leaks, _ = await anyio.to_thread.run_sync(_left, core, networking, namespace, mine)
-    drain = await anyio.to_thread.run_sync(_drain, core, networking, namespace, mine)
+    leaks, _ = await anyio.to_thread.run_sync(objects_left, core, networking, namespace, mine)
+    drained = await anyio.to_thread.run_sync(drain, core, networking, namespace, mine)
 
     raw = f"{RAW}={cfg.owner}"
     try:
@@ -190,7 +190,7 @@ async def scale_rows(
                 namespace, label_selector=raw, grace_period_seconds=0
             )
         )
-        await anyio.to_thread.run_sync(_drain, core, networking, namespace, raw)
+        await anyio.to_thread.run_sync(drain, core, networking, namespace, raw)
     client.close()
 
     label = f"k8s: {pods} Pods opened at once, no-network enforced"
@@ -216,7 +216,7 @@ async def scale_rows(
             raw_walls,
             target=f"≤ {TARGET}x",
             met=ratio_at_most(corral_wall, raw_walls, TARGET),
-            note=f"closing all {close_wall:.1f} s, cluster removed them in {drain:.1f} s more"
+            note=f"closing all {close_wall:.1f} s, cluster removed them in {drained:.1f} s more"
             + (f"; {pods - len(runs)} baseline Pods never Ready" if len(runs) < pods else ""),
         ),
         Row(

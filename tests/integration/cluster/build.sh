@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build (or reuse from cache) every binary and image the local test cluster needs.
 #
-#   bash tests/integration/cluster/build.sh [kubernetes|etcd|kube-router|gvisor|images ...]
+#   bash tests/integration/cluster/build.sh [kubernetes|etcd|kube-router|gvisor|images|kwok ...]
+#
+# kwok (fake nodes, for the bench only) is built only when named.
 #
 # Everything lands in $CORRAL_CLUSTER_CACHE/<component>-<version>/ (default
 # /var/cache/corral/cluster), keyed by the versions in versions.sh; a component whose
@@ -194,6 +196,21 @@ SHIM
     touch "$dir/.complete"
 }
 
+# ---------------------------------------------------------------------- kwok
+build_kwok() {
+    # Fake nodes for the bench's 1,000- and 5,000-sandbox rows; the test cluster
+    # itself does not use it.
+    local dir="$CORRAL_CLUSTER_CACHE/kwok-$KWOK_VERSION"
+    if [ -f "$dir/.complete" ]; then log "kwok $KWOK_VERSION cached"; return; fi
+    log "building kwok $KWOK_VERSION into $dir"
+    rm -rf "$dir/bin.tmp"; mkdir -p "$dir/bin.tmp"
+    (cd "$dir" && GOBIN="$dir/bin.tmp" GOFLAGS="${GOFLAGS/-mod=mod/}" "$GO" install \
+        -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION")
+    rm -rf "$dir/bin"; mv "$dir/bin.tmp" "$dir/bin"
+    "$dir/bin/kwok" --version >&2
+    touch "$dir/.complete"
+}
+
 # -------------------------------------------------------------------- images
 build_images() {
     local dir="$IMAGES_DIR"
@@ -238,6 +255,7 @@ main() {
             etcd) setup_go; build_etcd ;;
             kube-router) setup_go; build_kube_router ;;
             gvisor) setup_go; build_gvisor ;;
+            kwok) setup_go; build_kwok ;;
             images) build_images ;;
             *) die "unknown component $c" ;;
         esac
