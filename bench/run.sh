@@ -19,6 +19,8 @@ if ! timeout 10 "${kubectl:-kubectl}" get --raw /readyz >/dev/null 2>&1; then
   bash tests/integration/cluster/up.sh
   bash tests/integration/k8s/images.sh
 fi
+# kwok's fake nodes for the thousands-of-sandboxes rows (built once, then cached).
+bash tests/integration/cluster/build.sh kwok
 . tests/python312.sh
 if py312=$(python312); then
   UV_PROJECT_ENVIRONMENT=.venv-3.12 uv sync --python "$py312" --all-extras --frozen --quiet
