@@ -4,16 +4,27 @@ harness owns, resolvers corral chose."""
 from __future__ import annotations
 
 import ipaddress
+import json
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from kubernetes.client import ApiClient
 from pydantic import ValidationError
 
 from corral.core.plan import ExecutionPlan
 from corral.errors import ConfigError, ProviderError
 from corral.providers.k8s.config import KubernetesConfig
-from corral.providers.k8s.pod import SERVICES, check_services, fatal, manifest, services
+from corral.providers.k8s.pod import (
+    INIT_CONTAINER,
+    SERVICES,
+    _settled,  # pyright: ignore[reportPrivateUsage]
+    check_services,
+    fatal,
+    manifest,
+    running,
+    services,
+)
 
 
 def _spec(dns: tuple[str, ...] = (), **config: Any) -> dict[str, Any]:
@@ -177,3 +188,93 @@ def test_a_service_that_fails_to_start_is_named() -> None:
     assert fatal(pod(init=(status("corral-programs", terminated=done),))) is None
     failed = fatal(pod(init=(status("corral-programs", terminated=ended),)))
     assert failed is not None and "probe_image must hold /bin/busybox" in failed
+
+
+def _pod_json(phase: str, inits: list[Any], statuses: list[Any], **status: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "corral-x"},
+        "spec": {
+            "initContainers": [{"name": INIT_CONTAINER, "image": "corral.local/holder"}],
+            "containers": [
+                {"name": "sandbox", "image": "img:1"},
+                {"name": "corral-probe", "image": "corral.local/holder"},
+            ],
+        },
+        "status": {
+            "phase": phase,
+            "initContainerStatuses": inits,
+            "containerStatuses": statuses,
+            **status,
+        },
+    }
+
+
+def _status(name: str, state: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "image": "img:1", "imageID": "", "ready": False, "restartCount": 0,
+            "state": state}  # fmt: skip
+
+
+_RUN: dict[str, Any] = {"running": {}}
+_MAKING = {"waiting": {"reason": "ContainerCreating"}}
+_NEVER_PULLED = {"waiting": {"reason": "ErrImageNeverPull"}}
+_INIT_DONE = _status(INIT_CONTAINER, {"terminated": {"exitCode": 0, "reason": "Completed"}})
+_POD_STATES: dict[str, tuple[dict[str, Any], bool]] = {
+    "pending, nothing yet": (_pod_json("Pending", [], []), False),
+    "the init container runs": (
+        _pod_json("Pending", [_status(INIT_CONTAINER, _RUN)], []),
+        False,
+    ),
+    "the containers are being made": (
+        _pod_json("Pending", [_INIT_DONE], [_status("sandbox", _MAKING)] * 2),
+        False,
+    ),
+    "all run": (
+        _pod_json(
+            "Running", [_INIT_DONE], [_status("sandbox", _RUN), _status("corral-probe", _RUN)]
+        ),
+        True,
+    ),
+    "one of two runs": (
+        _pod_json("Running", [_INIT_DONE], [_status("sandbox", _RUN), _status("x", _MAKING)]),
+        False,
+    ),
+    "the image is never pulled": (
+        _pod_json(
+            "Pending",
+            [_INIT_DONE],
+            [_status("sandbox", {"waiting": {"reason": "ErrImageNeverPull"}})],
+        ),
+        True,
+    ),
+    "the init container failed": (
+        _pod_json("Pending", [_status(INIT_CONTAINER, {"terminated": {"exitCode": 1}})], []),
+        True,
+    ),
+    "the sandbox exited": (
+        _pod_json("Running", [_INIT_DONE], [_status("sandbox", {"terminated": {"exitCode": 0}})]),
+        True,
+    ),
+    "unschedulable": (
+        _pod_json(
+            "Pending",
+            [],
+            [],
+            conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+        ),
+        True,
+    ),
+    "failed": (_pod_json("Failed", [], []), True),
+}
+
+
+@pytest.mark.parametrize("state", list(_POD_STATES))
+def test_a_pod_read_as_json_is_decoded_exactly_when_it_runs_or_may_have_failed(state: str) -> None:
+    """The open's poll decodes the Pod (milliseconds of the GIL) only when `running` or
+    `fatal` can say something: never on the way there, always when either would."""
+    raw, settles = _POD_STATES[state]
+    client: Any = ApiClient()
+    decoded: Any = client.deserialize(json.dumps(raw), "V1Pod", "application/json")
+    assert _settled(raw) is settles
+    assert settles is (running(decoded) or fatal(decoded) is not None)

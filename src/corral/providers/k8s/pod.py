@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 from typing import Any
 
@@ -80,6 +81,7 @@ def _programs_init(cfg: KubernetesConfig) -> dict[str, Any]:
     }
 
 
+POLL_MAX_S = 0.2
 FATAL_WAITING = {
     "ErrImagePull",
     "ImagePullBackOff",
@@ -296,20 +298,60 @@ def _service_of(container: str) -> str | None:
 
 
 async def wait_running(clients: Api, namespace: str, name: str) -> Any:
-    """Poll until every container runs; raise at once with the real cause if one never will."""
+    """Poll until every container runs; raise at once with the real cause if one never will.
+
+    Each poll reads the Pod as plain JSON: the client's decoding into its models holds the
+    GIL for milliseconds a read, which hundreds of opens at once pay on the event loop's
+    time. The Pod is decoded once it runs, or when it may have failed (`fatal` decides).
+    A read that light can come often: a Pod found running up to POLL_MAX_S after it runs
+    adds that much to every open."""
     delay = 0.05
     while True:
-        pod: Any = await idempotent(
-            clients.tokens, clients.core.read_namespaced_pod, name, namespace
-        )
-        cause = fatal(pod)
-        if cause is not None:
-            error = ConfigError if "image" in cause else ProviderError
-            raise error(f"sandbox Pod {name}: {cause}")
-        if running(pod):
-            return pod
+        text = await idempotent(clients.tokens, _read_json, clients.core, name, namespace)
+        if _settled(json.loads(text)):
+            api_client: Any = clients.core.api_client
+            pod: Any = api_client.deserialize(text, "V1Pod", "application/json")
+            cause = fatal(pod)
+            if cause is not None:
+                error = ConfigError if "image" in cause else ProviderError
+                raise error(f"sandbox Pod {name}: {cause}")
+            if running(pod):
+                return pod
         await anyio.sleep(delay)
-        delay = min(delay * 2, 0.5)
+        delay = min(delay * 2, POLL_MAX_S)
+
+
+def _read_json(core: Api, name: str, namespace: str) -> str:
+    response: Any = core.read_namespaced_pod(name, namespace, _preload_content=False)
+    return response.data.decode()
+
+
+def _settled(pod: Any) -> bool:
+    """Whether a Pod read as JSON is worth decoding: every container runs, or something
+    `fatal` reports may have happened (a superset of it: `fatal` has the last word)."""
+    status: Any = pod.get("status") or {}
+    if status.get("phase") in ("Failed", "Succeeded"):
+        return True
+    conditions: list[Any] = status.get("conditions") or []
+    if any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conditions):
+        return True
+    statuses: list[Any] = status.get("containerStatuses") or []
+    inits: list[Any] = status.get("initContainerStatuses") or []
+    for container in [*inits, *statuses]:
+        state: Any = container.get("state") or {}
+        done: Any = state.get("terminated")
+        if done is not None and (container.get("name") != INIT_CONTAINER or done.get("exitCode")):
+            return True
+        waiting: Any = state.get("waiting") or {}
+        if waiting.get("reason") in FATAL_WAITING:
+            return True
+    spec: Any = pod.get("spec") or {}
+    containers: list[Any] = spec.get("containers") or []
+    return (
+        status.get("phase") == "Running"
+        and len(statuses) == len(containers)
+        and all("running" in (c.get("state") or {}) for c in statuses)
+    )
 
 
 def running(pod: Any) -> bool:
