@@ -81,8 +81,18 @@ def drain(core: Any, networking: Any, namespace: str, selector: str) -> float:
     return time.perf_counter() - started
 
 
-def _baseline(core: Any, namespace: str, selector: str, pods: int) -> tuple[list[float], float]:
-    """Per-Pod create → Ready, and the wall time from the first create to the last Ready."""
+def baseline(
+    core: Any,
+    namespace: str,
+    selector: str,
+    pods: int,
+    *,
+    workers: int | None = None,
+    placement: dict[str, Any] | None = None,
+) -> tuple[list[float], float]:
+    """Per-Pod create → Ready, and the wall time from the first create to the last Ready:
+    `pods` Pods created by `workers` threads (default: one each), with `placement` (a node
+    selector, tolerations) added to their spec."""
     key, value = selector.split("=")
     created: dict[str, float] = {}
     ready: dict[str, float] = {}
@@ -109,6 +119,7 @@ def _baseline(core: Any, namespace: str, selector: str, pods: int) -> tuple[list
         body = {
             "metadata": {"name": name, "labels": {key: value, "run": name}},
             "spec": {
+                **(placement or {}),
                 "restartPolicy": "Never",
                 "containers": [
                     {
@@ -127,7 +138,7 @@ def _baseline(core: Any, namespace: str, selector: str, pods: int) -> tuple[list
     watcher.start()
     watching.wait()
     try:
-        with ThreadPoolExecutor(max_workers=pods) as pool:
+        with ThreadPoolExecutor(max_workers=workers or pods) as pool:
             list(pool.map(create, range(pods)))
     except BaseException:
         watch.stop()
@@ -183,7 +194,7 @@ async def scale_rows(
 
     raw = f"{RAW}={cfg.owner}"
     try:
-        runs, raw_wall = await anyio.to_thread.run_sync(_baseline, core, namespace, raw, pods)
+        runs, raw_wall = await anyio.to_thread.run_sync(baseline, core, namespace, raw, pods)
     finally:
         await anyio.to_thread.run_sync(
             lambda: core.delete_collection_namespaced_pod(
