@@ -1,4 +1,4 @@
-"""Thousands of sandboxes through one harness process: 1,000 and 5,000 (a fifth with
+"""Thousands of sandboxes through one harness process: 1,000 and 5,000 (1,000 alone with
 --quick) opened at once against the test cluster's API server, kept open together, then
 closed at once.
 
@@ -150,7 +150,8 @@ async def run(ctx: Context) -> list[Row]:
     configuration.connection_pool_maxsize = KubernetesEnvironment.max_concurrent_opens + 4
     client = k8s_client.ApiClient(configuration)
     core = k8s_client.CoreV1Api(client)
-    counts = [ctx.reps(n, minimum=50) for n in COUNTS]
+    # --quick: 1,000 alone, the issue's smaller count, keeping the quick run under 10 min
+    counts = COUNTS if ctx.scale >= 1 else (ctx.reps(COUNTS[-1]),)
     rows: list[Row] = []
     try:
         async with _fake_nodes(core, found[-1], kubeconfig, ctx, max(counts)):
