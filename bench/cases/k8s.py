@@ -130,6 +130,10 @@ def _kubectl_run(base: list[str], name: str) -> None:
         check=True,
         capture_output=True,
     )
+    _wait_ready(base, name)
+
+
+def _wait_ready(base: list[str], name: str) -> None:
     subprocess.run(
         [*base, "wait", "--for=condition=Ready", f"pod/{name}", "--timeout=120s"],
         check=True,
@@ -166,11 +170,7 @@ def _kubectl_shaped(base: list[str], name: str, probe_image: str) -> None:
         check=True,
         capture_output=True,
     )
-    subprocess.run(
-        [*base, "wait", "--for=condition=Ready", f"pod/{name}", "--timeout=120s"],
-        check=True,
-        capture_output=True,
-    )
+    _wait_ready(base, name)
 
 
 async def _rows(ctx: Context, env: KubernetesEnvironment, base: list[str]) -> list[Row]:

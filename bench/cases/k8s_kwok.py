@@ -35,7 +35,7 @@ from typing import Any
 import anyio
 from anyio.abc import Process
 
-from bench.cases.k8s_scale import TimedK8s, baseline, drain, objects_left
+from bench.cases.k8s_scale import TimedK8s, baseline, drain, objects_left, outcome_rows
 from bench.context import RAW, TEST_IMAGE, Context
 from bench.lag import HostLag, LagMonitor
 from bench.report import Row
@@ -120,15 +120,16 @@ async def _fake_nodes(core: Any, kwok: str, kubeconfig: str, ctx: Context, pods:
     finally:
         with anyio.CancelScope(shield=True):
             for name in names:
-                await anyio.to_thread.run_sync(lambda n=name: _delete_node(core, n))
+                await anyio.to_thread.run_sync(lambda n=name: _gone(core.delete_node, n))
             process.terminate()
             await process.wait()
             log.close()
 
 
-def _delete_node(core: Any, name: str) -> None:
+def _gone(delete: Callable[[str], Any], name: str) -> None:
+    """`delete(name)`, where an object already gone counts as deleted."""
     try:
-        core.delete_node(name)
+        delete(name)
     except k8s_client.ApiException as exc:
         if exc.status != 404:
             raise
@@ -237,7 +238,7 @@ async def _rows(ctx: Context, client: Any, kubeconfig: str, count: int) -> list[
         await anyio.to_thread.run_sync(drain, core, networking, namespace, raw)
     finally:
         await env.aclose()
-        await anyio.to_thread.run_sync(lambda: _delete_namespace(core, namespace))
+        await anyio.to_thread.run_sync(lambda: _gone(core.delete_namespace, namespace))
     case = f"k8s: {count} sandboxes through one process (kwok)"
     ordered = sorted(opens or [0.0])
     p99 = ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
@@ -271,21 +272,7 @@ async def _rows(ctx: Context, client: Any, kubeconfig: str, count: int) -> list[
             summarize([close_wall]),
             note=f"the cluster removed them in {drained:.1f} s more",
         ),
-        Row(
-            f"{case}: failed opens",
-            summarize([float(len(errors))]),
-            unit="count",
-            target="0",
-            met=not errors,
-            note=f"first: {errors[0]!r}" if errors else "",
-        ),
-        Row(
-            f"{case}: leaked Pods + NetworkPolicies",
-            summarize([float(leaks)]),
-            unit="count",
-            target="0",
-            met=leaks == 0,
-        ),
+        *outcome_rows(case, "failed opens", errors, leaks),
     ]
 
 
@@ -312,11 +299,3 @@ async def _heap_per_session(env: KubernetesEnvironment, plan: ExecutionPlan) -> 
             for session in sessions:
                 group.start_soon(env.close, session)
     return held / HEAP_SAMPLE
-
-
-def _delete_namespace(core: Any, namespace: str) -> None:
-    try:
-        core.delete_namespace(namespace)
-    except k8s_client.ApiException as exc:
-        if exc.status != 404:
-            raise

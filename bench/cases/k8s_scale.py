@@ -230,8 +230,15 @@ async def scale_rows(
             note=f"closing all {close_wall:.1f} s, cluster removed them in {drained:.1f} s more"
             + (f"; {pods - len(runs)} baseline Pods never Ready" if len(runs) < pods else ""),
         ),
+        *outcome_rows(label, "failures", errors, leaks),
+    ]
+
+
+def outcome_rows(label: str, failed: str, errors: list[BaseException], leaks: int) -> list[Row]:
+    """What failed (the first error in the note) and what was left, both with target 0."""
+    return [
         Row(
-            f"{label}: failures",
+            f"{label}: {failed}",
             summarize([float(len(errors))]),
             unit="count",
             target="0",
