@@ -307,10 +307,8 @@ async def wait_running(clients: Api, namespace: str, name: str) -> Any:
     adds that much to every open."""
     delay = 0.05
     while True:
-        text = await idempotent(clients.tokens, _read_json, clients.core, name, namespace)
-        if _settled(json.loads(text)):
-            api_client: Any = clients.core.api_client
-            pod: Any = api_client.deserialize(text, "V1Pod", "application/json")
+        pod = await idempotent(clients.tokens, _read_settled, clients.core, name, namespace)
+        if pod is not None:
             cause = fatal(pod)
             if cause is not None:
                 error = ConfigError if "image" in cause else ProviderError
@@ -321,9 +319,13 @@ async def wait_running(clients: Api, namespace: str, name: str) -> Any:
         delay = min(delay * 2, POLL_MAX_S)
 
 
-def _read_json(core: Api, name: str, namespace: str) -> str:
+def _read_settled(core: Api, name: str, namespace: str) -> Any:
+    """The Pod, decoded in the worker thread that read it, once `_settled`; else None."""
     response: Any = core.read_namespaced_pod(name, namespace, _preload_content=False)
-    return response.data.decode()
+    text: str = response.data.decode()
+    if not _settled(json.loads(text)):
+        return None
+    return core.api_client.deserialize(text, "V1Pod", "application/json")
 
 
 def _settled(pod: Any) -> bool:
