@@ -20,21 +20,27 @@ from __future__ import annotations
 import ipaddress
 
 from corral.network.addresses import rule_text
+from corral.network.link import HOLDER_SIDE, LINK
 from corral.network.policy import NetworkPolicy
 from corral.network.resolve import AddressRule
 from corral.network.targets import IPAddress
 from corral.network.wildcard import RESOLVER, UPSTREAM_MARK, NameSets
 
-#: corral's chain in the sandbox namespace's `nat` table, jumped to first from OUTPUT
+#: corral's chain in the sandbox namespace's `nat` table, jumped to first from OUTPUT (and
+#: from PREROUTING for a gateway's link)
 GATE_CHAIN = "CORRAL-GATE"
 #: original port -> the gate's port on `RESOLVER` (what the gate reads there)
 GATED_PORTS = {443: 10443, 80: 10080}
 
 
 def to_the_gate() -> list[str]:
-    """Filter rules (IPv4) accepting what the DNATs sent to the gate: `-o lo` does not
-    match them, since a rule sees the interface routed to before the DNAT."""
-    return [f"-d {RESOLVER}/32 -p tcp --dport {port} -j ACCEPT" for port in GATED_PORTS.values()]
+    """Filter rules (IPv4) accepting what the DNATs sent to the gate and, from a gateway's
+    link, to the resolver: `-o lo` does not match them, since a rule sees the interface
+    routed to before the DNAT (or, arriving on the link, none)."""
+    return [
+        *(f"-d {RESOLVER}/32 -p {proto} --dport 53 -j ACCEPT" for proto in ("udp", "tcp")),
+        *(f"-d {RESOLVER}/32 -p tcp --dport {port} -j ACCEPT" for port in GATED_PORTS.values()),
+    ]
 
 
 def ungated(match: str, port: int | None) -> list[str]:
@@ -61,6 +67,12 @@ def render_gate(
     if wild is not None:
         chain = f"-A {GATE_CHAIN}"
         lines.append(f"{chain} -m mark --mark {UPSTREAM_MARK:#x} -j RETURN")
+        # A gateway's sandbox asks the link's address (its nameserver) for names.
+        lines += [
+            f"{chain} -i {LINK} -d {HOLDER_SIDE}/32 -p {proto} --dport 53 -j DNAT "
+            f"--to-destination {RESOLVER}:53"
+            for proto in ("udp", "tcp")
+        ]
         # Listed addresses (and corral's own endpoints) stay address-level, as in filter.
         listed = [(r.network, r.port) for r in rules if r not in named]
         listed += [(ipaddress.ip_network(a), p) for a, p in endpoints]

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict
 from corral.network.addresses import rule_text
 from corral.network.events import LOG_BURST, LOG_COPY_BYTES, LOG_RATE_PER_S, NFLOG_GROUP, log_prefix
 from corral.network.gate import render_gate, to_the_gate, ungated
+from corral.network.link import LINK
 from corral.network.policy import NetworkMode, NetworkPolicy, Phase
 from corral.network.policy_record import RECORD_CHAIN, PolicyRecord, record_rules
 from corral.network.resolve import AddressRule, Resolution, address_rules, needs_dns
@@ -192,11 +193,27 @@ def _render_family(
         f":{RECORD_CHAIN} - [0:0]",
         *record_rules(PolicyRecord(policy=policy, dns_servers=resolved.dns_servers)),
         f"-A OUTPUT -j {CHAIN}",
+        *_gateway_hooks(family),
         *(f"-A {CHAIN} {rule}" for rule in _logged(body, log_prefix(phase))),
         "COMMIT",
         "",
     ]
     return "\n".join(lines)
+
+
+def _gateway_hooks(family: int) -> list[str]:
+    """A gateway's link into `CHAIN` (no-ops in a namespace without the link): what the
+    sandbox sends to the holder or through it, and back only replies and what came in for
+    it (published ports, DNATed by the gateway). Loopback only as a DNAT made it (the
+    link's DNS), never addressed by the sandbox itself."""
+    loopback = "127.0.0.0/8" if family == 4 else "::1/128"
+    return [
+        f"-A INPUT -i {LINK} -d {loopback} -m conntrack ! --ctstate DNAT -j DROP",
+        f"-A INPUT -i {LINK} -j {CHAIN}",
+        f"-A FORWARD -o {LINK} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+        f"-A FORWARD -o {LINK} -m conntrack --ctstate DNAT -j ACCEPT",
+        f"-A FORWARD -i {LINK} -j {CHAIN}",
+    ]
 
 
 def _resolver_upstream(wild: NameSets, family: int) -> list[str]:

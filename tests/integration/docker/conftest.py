@@ -111,6 +111,26 @@ def docker_env(owner: str) -> DockerEnvironment:
     return make_env(owner)
 
 
+#: The runtimes the enforcement, escape and event tests run under: runc shares the holder's
+#: namespace; runsc (gVisor, registered by engine.sh) has a network stack of its own and
+#: sits behind the holder as its gateway (`providers.docker.gateway`).
+RUNTIMES = ["runc", "runsc"]
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest, engine: Any) -> str:
+    name: str = request.param
+    if name not in (engine.info().get("Runtimes") or {}):
+        unavailable(f"no Docker runtime {name!r}: run tests/integration/docker/engine.sh up")
+    return name
+
+
+@pytest.fixture
+def routed_env(owner: str, runtime: str) -> DockerEnvironment:
+    """The test environment under each of `RUNTIMES`."""
+    return make_env(owner, runtime=runtime)
+
+
 @pytest.fixture(scope="module")
 def upstream(tcp_targets: list[EgressTarget]) -> Iterator[str]:
     """A DNS server of the test's own (tests/integration/k8s/dns_server.py, TCP, A records

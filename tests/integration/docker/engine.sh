@@ -40,9 +40,12 @@ FOREIGN_MARK=/run/corral-dockerd.foreign
 # The test-only runtime `corral-test-bypass` (see bypass-runtime.sh), registered in our
 # daemon.json: installed outside the clone, which may move or go.
 BYPASS_RUNTIME=/usr/local/libexec/corral-test/bypass-runtime
-# gVisor, registered as the runtime `runsc`: its network stack skips the holder's rules,
-# which corral must catch and refuse (test_docker_adversarial.py). The cluster's build
-# (Debian's 2022 runsc cannot join another container's network namespace).
+# gVisor, registered as the runtime `runsc`: its network stack skips the namespace's rules,
+# so corral puts it behind a gateway (providers/docker/gateway.py) and catches it without
+# one (test_docker_adversarial.py). The cluster's build (Debian's 2022 runsc cannot join
+# another container's network namespace). `--overlay2=none`: the sandbox's writes go to
+# the container's filesystem, where the engine's archive calls (corral's file transfers)
+# see them, not to a layer of gVisor's own that only the sandbox sees.
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=../cluster/versions.sh
 . "$HERE/../cluster/versions.sh"
@@ -102,7 +105,7 @@ write_config() {
   "log-opts": {"max-size": "10m", "max-file": "2"},
   "runtimes": {
     "corral-test-bypass": {"path": "$BYPASS_RUNTIME"},
-    "runsc": {"path": "$RUNSC"}
+    "runsc": {"path": "$RUNSC", "runtimeArgs": ["--overlay2=none"]}
   }
 }
 EOF

@@ -20,6 +20,12 @@ from tests.integration.enforcement_cases import flows_across_a_switch
 pytestmark = pytest.mark.anyio
 
 
+@pytest.fixture
+def docker_env(routed_env: DockerEnvironment) -> DockerEnvironment:
+    """Every test here under each runtime (`RUNTIMES`): runsc behind a gateway."""
+    return routed_env
+
+
 def plan(policy: str | NetworkPolicy) -> ExecutionPlan:
     return ExecutionPlan(
         image=TEST_IMAGE, network=NetworkSchedule.model_validate({"baseline": policy})
@@ -223,3 +229,18 @@ async def test_denied_v4_mapped_address_blocks_its_ipv4_target(
             (await sandbox.exec(["python3", "-c", mapped])).returncode == 0,
         )
     assert seen == (True, False, False)
+
+
+@pytest.mark.parametrize("policy", ["public", "no-network"])
+async def test_behind_a_gateway_nothing_goes_over_ipv6(
+    owner: str, ipv6_targets: list[EgressTarget], policy: str
+) -> None:
+    """The gateway routes IPv4 only: a sandbox behind it has no IPv6 route in any mode,
+    though its network has IPv6 (SECURITY.md)."""
+    env = make_env(owner, ipv6_pool="fd00:c0ff:ee00::/48", gateway=True)
+    async with env.session(plan(policy)) as sandbox:
+        seen = [
+            (await sandbox.exec(["nc", "-6", "-z", "-w", "3", t.host, str(t.port)])).returncode == 0
+            for t in ipv6_targets
+        ]
+    assert seen == [False, False]

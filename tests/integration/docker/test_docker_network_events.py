@@ -79,8 +79,11 @@ async def test_each_refused_attempt_is_listed_and_each_admitted_flow_as_allowed(
     tcp_targets: list[EgressTarget],
     udp_targets: list[EgressTarget],
     ipv6_targets: list[EgressTarget],
+    runtime: str,
 ) -> None:
-    env = make_env(owner, ipv6_pool="fd00:c0ff:ee00::/48")
+    env = make_env(owner, ipv6_pool="fd00:c0ff:ee00::/48", runtime=runtime)
+    # A gateway (runsc) routes no IPv6: nothing to list there (test_docker_enforcement).
+    v6 = runtime == "runc"
     allowed4, denied4 = tcp_targets
     allowed_udp, denied_udp = udp_targets
     allowed6, denied6 = ipv6_targets
@@ -90,7 +93,7 @@ async def test_each_refused_attempt_is_listed_and_each_admitted_flow_as_allowed(
         reached = (
             await tcp(sandbox, allowed4.host, allowed4.port),
             await udp(sandbox, allowed_udp.host, allowed_udp.port),
-            await tcp(sandbox, allowed6.host, allowed6.port),
+            await tcp(sandbox, allowed6.host, allowed6.port) if v6 else True,
         )
         refused = (
             await tcp(sandbox, denied4.host, denied4.port),
@@ -98,17 +101,11 @@ async def test_each_refused_attempt_is_listed_and_each_admitted_flow_as_allowed(
             await tcp(sandbox, denied6.host, denied6.port),
             await udp(sandbox, denied6.host, 5353),
         )
-        expected = {
-            (DENIED_IP, "tcp", denied4.port),
-            (DENIED_IP, "udp", denied_udp.port),
-            (DENIED_IP6, "tcp", denied6.port),
-            (DENIED_IP6, "udp", 5353),
-        }
-        admitted = {
-            (ALLOWED_IP, "tcp", allowed4.port),
-            (ALLOWED_IP, "udp", allowed_udp.port),
-            (ALLOWED_IP6, "tcp", allowed6.port),
-        }
+        expected = {(DENIED_IP, "tcp", denied4.port), (DENIED_IP, "udp", denied_udp.port)}
+        admitted = {(ALLOWED_IP, "tcp", allowed4.port), (ALLOWED_IP, "udp", allowed_udp.port)}
+        if v6:
+            expected |= {(DENIED_IP6, "tcp", denied6.port), (DENIED_IP6, "udp", 5353)}
+            admitted.add((ALLOWED_IP6, "tcp", allowed6.port))
         events = await settled_events(
             sandbox,
             lambda e: (
@@ -143,9 +140,9 @@ async def test_the_reader_outlives_a_quiet_spell_longer_than_an_api_call(
 
 
 async def test_root_in_the_sandbox_cannot_forge_or_erase_events(
-    owner: str, tcp_targets: list[EgressTarget], udp_targets: list[EgressTarget]
+    owner: str, tcp_targets: list[EgressTarget], udp_targets: list[EgressTarget], runtime: str
 ) -> None:
-    env = make_env(owner)
+    env = make_env(owner, runtime=runtime)
     denied = tcp_targets[1]
     # A payload that looks like the reader's output, sent where it is refused.
     forged = f"\nE {time.time_ns()} corral:run 4 6 203.0.113.9 443\nL 99\n"
@@ -179,7 +176,10 @@ async def test_root_in_the_sandbox_cannot_forge_or_erase_events(
             ],
         ]
         outputs = [await sandbox.exec(argv, user="0") for argv in attacks]
-        assert "errno 1" in outputs[0].stdout, outputs[0]  # EPERM
+        # EPERM; gVisor's kernel has no netfilter netlink at all (and the log is not in it)
+        assert "errno 1" in outputs[0].stdout or (
+            runtime == "runsc" and outputs[0].returncode != 0
+        ), outputs[0]
         assert all(out.returncode != 0 for out in outputs[1:4]), outputs
         # The reader is not among the processes it can see, or kill.
         hunt = await sandbox.exec(
@@ -197,9 +197,9 @@ async def test_root_in_the_sandbox_cannot_forge_or_erase_events(
 
 
 async def test_taskrun_summarizes_refusals_per_phase(
-    owner: str, tcp_targets: list[EgressTarget], udp_targets: list[EgressTarget]
+    owner: str, tcp_targets: list[EgressTarget], udp_targets: list[EgressTarget], runtime: str
 ) -> None:
-    env = make_env(owner)
+    env = make_env(owner, runtime=runtime)
     denied, denied_udp = tcp_targets[1], udp_targets[1]
     allowed = f"allowlist:{ALLOWED_IP}"
     task = plan(allowed, run="no-network", evaluation=allowed)
@@ -293,11 +293,11 @@ async def test_a_reattached_sandbox_keeps_its_phase_and_its_reader_is_one(
 
 
 async def test_taskrun_shows_per_phase_what_the_agent_reached_and_was_denied(
-    owner: str, tcp_targets: list[EgressTarget]
+    owner: str, tcp_targets: list[EgressTarget], runtime: str
 ) -> None:
     """Under an allowlist that names a host, the agent reaches it (listed as admitted,
     under its name) and is refused another; the summary keeps them apart by phase."""
-    env = make_env(owner)
+    env = make_env(owner, runtime=runtime)
     allowed, denied = tcp_targets
     task = plan("no-network", run=f"allowlist:allowed.corral.test:{allowed.port}")
     async with TaskRun(env, task) as run:

@@ -65,10 +65,11 @@ def docker(session: object) -> DockerSession:
     return session
 
 
-async def attach_elsewhere(owner: str, session_id: str) -> dict[str, Any]:
+async def attach_elsewhere(owner: str, session_id: str, runtime: str = "runc") -> dict[str, Any]:
     """What a second Python process finds when it attaches to `session_id`."""
+    config = env_config(owner, runtime=runtime)
     result = await anyio.run_process(
-        [sys.executable, "-c", CHILD, json.dumps(env_config(owner)), session_id],
+        [sys.executable, "-c", CHILD, json.dumps(config), session_id],
         env={**os.environ, "PYTHONPATH": str(SRC)},
         check=False,
     )
@@ -95,16 +96,18 @@ async def test_open_with_an_id_twice_is_one_sandbox(engine: Any, owner: str) -> 
     assert of_session(engine, owner, session_id) == []
 
 
-async def test_another_process_attaches_with_the_policy_in_force(engine: Any, owner: str) -> None:
-    env = make_env(owner)
+async def test_another_process_attaches_with_the_policy_in_force(
+    engine: Any, owner: str, runtime: str
+) -> None:
+    env = make_env(owner, runtime=runtime)
     session_id = new_id()
     parent = docker(await env.open(PLAN, session_id=session_id))
     try:
         await parent.write_text("/tmp/mark", "from the parent")
-        seen = await attach_elsewhere(owner, session_id)
+        seen = await attach_elsewhere(owner, session_id, runtime)
         assert seen["policy"] == "public" and seen["mark"] == "from the parent"
         await parent.set_network_policy("allowlist:allowed.corral.test:8080")
-        seen = await attach_elsewhere(owner, session_id)
+        seen = await attach_elsewhere(owner, session_id, runtime)
     finally:
         await env.close(parent)
     assert seen["policy"] == "allowlist:allowed.corral.test:8080"
@@ -180,11 +183,13 @@ async def test_attach_names_a_missing_or_invalid_id(owner: str) -> None:
         await env.attach("Not_An_Id")
 
 
-async def test_closing_an_attached_session_removes_everything(engine: Any, owner: str) -> None:
+async def test_closing_an_attached_session_removes_everything(
+    engine: Any, owner: str, runtime: str
+) -> None:
     session_id = new_id()
-    opener = make_env(owner)
+    opener = make_env(owner, runtime=runtime)
     original = await opener.open(PLAN, session_id=session_id)
-    attacher = make_env(owner)
+    attacher = make_env(owner, runtime=runtime)
     attached = await attacher.attach(session_id)
     await attacher.close(attached)
     assert of_session(engine, owner, session_id) == []

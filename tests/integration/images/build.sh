@@ -50,7 +50,7 @@ TEST_TAG=corral.local/test:$SUITE
 HOLDER_TAG=corral.local/holder:$SUITE
 # minbase already has bash, coreutils, tar, libc-bin (getent), dash (sh).
 TEST_PACKAGES=procps,iproute2,netcat-openbsd,iputils-ping,iptables,ca-certificates,busybox-static,python3,tini
-HOLDER_PACKAGES=iptables,ipset,busybox-static,tini
+HOLDER_PACKAGES=iptables,iproute2,ipset,busybox-static,tini
 STD_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 log() { printf '[build.sh %6.1fs] %s\n' "$(elapsed)" "$*" >&2; }

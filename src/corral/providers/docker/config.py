@@ -55,10 +55,16 @@ class DockerConfig(RuntimeEnvironmentConfig):
     )
     runtime: str | None = Field(
         default=None,
-        description="OCI runtime of the sandbox (default: the engine's). Its packets must meet "
-        "the namespace's netfilter (runc, crun): a policy that forbids anything is probed from "
-        "inside the sandbox once per runtime, and one with its own network stack (gVisor's "
-        "runsc) is refused",
+        description="OCI runtime of the sandbox (default: the engine's), e.g. runsc (gVisor). "
+        "A policy that forbids anything is probed from inside the sandbox once per runtime: "
+        "one whose packets skip corral's rules is refused",
+    )
+    gateway: bool | None = Field(
+        default=None,
+        description="give the sandbox a network namespace of its own whose only route leads "
+        "through the holder's, so its packets meet corral's rules whatever network stack "
+        "sends them (gVisor's runsc has its own); None: for any runtime but runc. Not yet "
+        "with services or allowlists that name hosts",
     )
     user: str | None = Field(default=None, description="user the workload runs as (uid[:gid])")
     capabilities: SafeCapabilities = Field(
@@ -155,6 +161,13 @@ class DockerConfig(RuntimeEnvironmentConfig):
         description="seconds a snapshot image from session.save() is kept for fork(); "
         "`corral gc` removes it after that",
     )
+
+    @property
+    def routed(self) -> bool:
+        """Whether sandboxes get a gateway (`gateway`, else every runtime but runc's)."""
+        if self.gateway is not None:
+            return self.gateway
+        return self.runtime not in (None, "runc")
 
     @field_validator("upstream_dns_servers")
     @classmethod

@@ -23,6 +23,7 @@ from corral.network.dns import Answer, resolve_names
 from corral.network.events import EventLog, phase_in_rules
 from corral.network.gate import GATE_CHAIN
 from corral.network.iptables import CHAIN, Endpoint, IptablesPayload, render_iptables
+from corral.network.link import LINK
 from corral.network.policy import NetworkPolicy, Phase
 from corral.network.policy_record import PolicyRecord, read_record
 from corral.network.probe import DISCARD_PORT, forbidden_probe
@@ -120,7 +121,9 @@ dns_prepare
 if [ -n "$CORRAL_DNS_GEN" ]; then
   if ! printf '%s' "$CORRAL_NAT4" | iptables-restore -w 5 --noflush \
     || ! { iptables -w 5 -t nat -C OUTPUT -j "$CORRAL_GATE" 2>/dev/null \
-      || iptables -w 5 -t nat -I OUTPUT 1 -j "$CORRAL_GATE"; }; then
+      || iptables -w 5 -t nat -I OUTPUT 1 -j "$CORRAL_GATE"; } \
+    || ! { iptables -w 5 -t nat -C PREROUTING -i "$CORRAL_LINK" -j "$CORRAL_GATE" 2>/dev/null \
+      || iptables -w 5 -t nat -I PREROUTING 1 -i "$CORRAL_LINK" -j "$CORRAL_GATE"; }; then
     echo 'the name gate rules (nat) failed' >&2
     iptables -w 5 -t nat -F "$CORRAL_GATE" 2>/dev/null
     dns_undo
@@ -388,6 +391,7 @@ def _apply_env(
         "CORRAL_V6": payload.ipv6,
         "CORRAL_NAT4": payload.nat4,
         "CORRAL_GATE": GATE_CHAIN,
+        "CORRAL_LINK": LINK,
         "CORRAL_CHAIN": CHAIN,
         "CORRAL_PROBE_HOST": "" if probe is None else str(probe[0]),
         "CORRAL_PROBE_PORT": str(DISCARD_PORT if probe is None else probe[1]),

@@ -71,7 +71,7 @@ from corral.network.probe import DISCARD_PORT
 from corral.network.resolve import Resolution
 from corral.network.targets import EntryType, IPAddress
 from corral.network.wildcard import uses_resolver
-from corral.providers.docker import images, programs, snapshots
+from corral.providers.docker import gateway, images, programs, snapshots
 from corral.providers.docker.config import DockerConfig
 from corral.providers.docker.enforcement import (
     Upstream,
@@ -84,6 +84,7 @@ from corral.providers.docker.enforcement import (
 from corral.providers.docker.engine import Engine, Raw, connect
 from corral.providers.docker.events import EventFeed, EventsUnavailable, start_reader
 from corral.providers.docker.holder_net import HolderNet, gateway_of, network_endpoint
+from corral.providers.docker.own_kernel import own_tmp
 from corral.providers.docker.pool import Pooling, WarmPool, collect_idle
 from corral.providers.docker.resources import (
     ROLE,
@@ -94,6 +95,7 @@ from corral.providers.docker.resources import (
     discard_container,
     holder_name,
     live_pair,
+    net_name,
     network_name,
     pick_subnet,
     pick_subnet6,
@@ -262,6 +264,7 @@ class DockerEnvironment(BaseEnvironment):
         session_id: str | None,
     ) -> DockerSession:
         engine = await self.engine()
+        self._gateway_carries(plan)
         sid = session_id or new_session_id()
         labels = self._labels(plan, pooling, sid)
         holder_names = [holder_name(sid)]
@@ -288,7 +291,8 @@ class DockerEnvironment(BaseEnvironment):
         )
         if proxy is not None:  # the sandbox gets the routes' URLs, never their headers
             plan = plan.model_copy(update={"env": {**plan.env, **proxy.env()}})
-        sandbox = await self._start_sandbox(engine, owned, sid, holder["Id"], image, plan, labels)
+        namespace = await self._namespace(engine, owned, sid, holder, labels)
+        sandbox = await self._start_sandbox(engine, owned, sid, namespace, image, plan, labels)
         session = self._session(
             engine,
             holder,
@@ -312,6 +316,38 @@ class DockerEnvironment(BaseEnvironment):
             raise NetworkPolicyNotEnforced(f"sandbox {sid}: {exc}; nothing was kept") from None
         await self._start_services(engine, owned, session, plan, labels)
         return session
+
+    async def _namespace(
+        self,
+        engine: Engine,
+        owned: AsyncExitStack,
+        sid: str,
+        holder: dict[str, Any],
+        labels: dict[str, str],
+    ) -> str:
+        """The container whose network namespace the sandbox joins: the holder's, or under
+        a gateway a net container's, linked to the holder."""
+        if not self.config.routed:
+            return str(holder["Id"])
+        return await gateway.start_net(
+            engine,
+            owned,
+            sid,
+            holder,
+            labels,
+            image=self.config.holder_image,
+            command=sleep_until(labels[EXPIRES_AT]),
+            extra_hosts=self.config.extra_hosts,
+        )
+
+    def _gateway_carries(self, plan: ExecutionPlan) -> None:
+        """Refuse, before anything is made, what a gateway does not carry yet."""
+        if self.config.routed and plan.services:
+            raise FeatureUnsupported(
+                f"services ({', '.join(plan.services)}) under runtime {self.config.runtime!r}, "
+                "behind a gateway, would share the sandbox's network stack, which that runtime "
+                "takes for its own; not supported yet: use runc"
+            )
 
     def _labels(self, plan: ExecutionPlan, pooling: Pooling | None, sid: str) -> dict[str, str]:
         """Every label of the session's objects: owner, session, expiry (a pooled one's
@@ -382,6 +418,7 @@ class DockerEnvironment(BaseEnvironment):
             security_opt=["no-new-privileges"],
             init=True,
             auto_remove=True,
+            sysctls=gateway.HOLDER_SYSCTLS if cfg.routed else None,
             extra_hosts=cfg.extra_hosts or None,
             port_bindings={p: ("127.0.0.1", None) for p in cfg.published_ports} or None,
             binds=[programs.bind(volume, writable=True)],
@@ -510,17 +547,17 @@ class DockerEnvironment(BaseEnvironment):
         engine: Engine,
         owned: AsyncExitStack,
         sid: str,
-        holder_id: str,
+        namespace: str,
         image: str,
         plan: ExecutionPlan,
         labels: dict[str, str],
     ) -> dict[str, Any]:
-        """The sandbox container in the holder's namespace, started; inspected."""
+        """The sandbox container in container `namespace`'s network namespace, started."""
         cfg = self.config
         sandbox = sandbox_name(sid)
         owned.push_async_callback(remove_container, engine, sandbox, sid)
         host_config = engine.api.create_host_config(
-            network_mode=f"container:{holder_id}",
+            network_mode=f"container:{namespace}",
             cap_drop=["ALL"],
             cap_add=[*cfg.capabilities, *cfg.unsafe_capabilities] or None,
             security_opt=["no-new-privileges"],
@@ -533,6 +570,7 @@ class DockerEnvironment(BaseEnvironment):
                 *cfg.unsafe_mounts,
             ],
             runtime=cfg.runtime,
+            mounts=own_tmp(cfg.runtime, labels, [*cfg.mounts, *cfg.unsafe_mounts]),
             **resource_limits(plan.resources, cfg),
         )
         try:
@@ -616,12 +654,16 @@ class DockerEnvironment(BaseEnvironment):
         """A session over a running holder and sandbox, from what the engine says of them."""
         cfg = self.config
         sid = labels[SESSION]
+        joined: str = sandbox["HostConfig"].get("NetworkMode") or ""
         net = HolderNet(
             engine,
             holder,
             session_id=sid,
             sandbox=sandbox["Id"],
             runtime=sandbox["HostConfig"].get("Runtime") or "runc",
+            link_owner=None
+            if joined == f"container:{holder['Id']}"
+            else joined.removeprefix("container:"),
             dns=dns,
             extra_hosts=cfg.extra_hosts,
             labels=labels,
@@ -694,6 +736,7 @@ class DockerEnvironment(BaseEnvironment):
         owned.push_async_callback(remove_network, engine, session.net.network, session_id)
         owned.push_async_callback(remove_volume, engine, programs_volume(session_id), session_id)
         owned.push_async_callback(remove_container, engine, holder["Id"], session_id)
+        owned.push_async_callback(remove_container, engine, net_name(session_id), session_id)
         owned.push_async_callback(remove_container, engine, sandbox["Id"], session_id)
         for info in services.values():
             owned.push_async_callback(remove_container, engine, info["Id"], session_id)

@@ -60,6 +60,7 @@ class HolderNet:
         session_id: str,
         sandbox: str,
         runtime: str,
+        link_owner: str | None,
         dns: tuple[IPAddress, ...],
         extra_hosts: dict[str, str],
         labels: dict[str, str],
@@ -77,6 +78,8 @@ class HolderNet:
         self.session_id = session_id
         self.sandbox = sandbox
         self.runtime = runtime
+        #: under a gateway, the net container that owns the sandbox's namespace
+        self.link_owner = link_owner
         #: the session's network, by id (its name may be repeated)
         self.network: str = endpoint["NetworkID"]
         self.gateway = ipaddress.ip_address(endpoint["Gateway"])

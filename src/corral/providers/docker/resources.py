@@ -38,6 +38,11 @@ def pooled_holder_name(session_id: str) -> str:
     return f"corral-{session_id}-pooled"
 
 
+def net_name(session_id: str) -> str:
+    """The container that owns the sandbox's namespace under a gateway (`gateway`)."""
+    return f"corral-{session_id}-net"
+
+
 def sandbox_name(session_id: str) -> str:
     return f"corral-{session_id}-sandbox"
 
@@ -51,7 +56,8 @@ async def live_pair(
     engine: Engine, owner: str, session_id: str
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The inspected holder and sandbox of `owner`'s session `session_id`; None unless both
-    run under their names and exact labels, the sandbox in the holder's namespace."""
+    run under their names and exact labels, the sandbox in the holder's namespace or, under
+    a gateway, in that of the session's net container (in the holder's PID namespace)."""
     selector = [f"{OWNER}={owner}", f"{SESSION}={session_id}"]
     listed: list[dict[str, Any]] = await engine.idempotent(
         engine.api.containers, filters={"label": selector}
@@ -65,15 +71,33 @@ async def live_pair(
             )
         except (KeyError, NotFound):
             return None
-        labels: dict[str, str] = info["Config"].get("Labels") or {}
-        expected = {OWNER: owner, SESSION: session_id, ROLE: role}
-        if any(labels.get(k) != v for k, v in expected.items()) or not info["State"]["Running"]:
+        if not _runs_as(info, owner, session_id, role):
             return None
         pair.append(info)
     holder, sandbox = pair
-    if sandbox["HostConfig"].get("NetworkMode") != f"container:{holder['Id']}":
+    joined = sandbox["HostConfig"].get("NetworkMode")
+    if joined == f"container:{holder['Id']}":
+        return holder, sandbox
+    # Under a gateway: the namespace of the session's net container, in the holder's PIDs.
+    net = by_name.get(net_name(session_id))
+    if net is None or joined != f"container:{net}":
+        return None
+    try:
+        owner_of_ns: dict[str, Any] = await engine.idempotent(engine.api.inspect_container, net)
+    except NotFound:
+        return None
+    if not _runs_as(owner_of_ns, owner, session_id, "net"):
+        return None
+    if owner_of_ns["HostConfig"].get("PidMode") != f"container:{holder['Id']}":
         return None
     return holder, sandbox
+
+
+def _runs_as(info: dict[str, Any], owner: str, session_id: str, role: str) -> bool:
+    """Whether the inspected container runs, labelled as `role` of `owner`'s session."""
+    labels: dict[str, str] = info["Config"].get("Labels") or {}
+    expected = {OWNER: owner, SESSION: session_id, ROLE: role}
+    return all(labels.get(k) == v for k, v in expected.items()) and info["State"]["Running"]
 
 
 def _owned_by(labels: dict[str, str] | None, session_id: str) -> bool:

@@ -30,7 +30,7 @@ from corral.helper.link import ChannelUnavailable
 from corral.helper.procs import ProcessClient, ProcessLink
 from corral.network.events import NetworkEvents
 from corral.network.policy import NetworkPolicy, Phase
-from corral.providers.docker import programs, snapshots
+from corral.providers.docker import gateway, programs, snapshots
 from corral.providers.docker.channel import (
     ChannelExecutor,
     Defaults,
@@ -42,6 +42,7 @@ from corral.providers.docker.events import EventFeed
 from corral.providers.docker.execution import run_exec
 from corral.providers.docker.files import Container, ContainerFiles
 from corral.providers.docker.holder_net import HolderNet
+from corral.providers.docker.own_kernel import OWN_KERNEL
 
 log = logging.getLogger("corral.docker")
 
@@ -217,7 +218,9 @@ class DockerSession(EnvironmentSession):
         namespace, whatever the processes did to detach or hide. The filesystem stays.
 
         Shown gone through the engine's host-side view (`top`, container state), which
-        nothing inside the container can change.
+        nothing inside the container can change. Under a runtime with a kernel of its own
+        (gVisor) `top` does not list the sandbox's processes: there the proof is the new
+        sandbox process (`State.Pid`), a new kernel, since nothing outlives its kernel.
 
         The plan's services keep running: they are the task's infrastructure (the
         database the grader reads), not the workload. They stay under the holder's rules,
@@ -231,7 +234,14 @@ class DockerSession(EnvironmentSession):
             old: dict[str, Any] = await self.engine.call(
                 self.engine.api.inspect_container, self.sandbox
             )
-            await self.engine.call(self.engine.api.restart, self.sandbox, timeout=RESTART_GRACE_S)
+            if self.net.link_owner is None:
+                await self.engine.call(
+                    self.engine.api.restart, self.sandbox, timeout=RESTART_GRACE_S
+                )
+            else:
+                await self.engine.call(self.engine.api.stop, self.sandbox, timeout=RESTART_GRACE_S)
+                await gateway.address(self.engine, self.net.link_owner)
+                await self.engine.call(self.engine.api.start, self.sandbox)
             new: dict[str, Any] = await self.engine.call(
                 self.engine.api.inspect_container, self.sandbox
             )
@@ -241,7 +251,8 @@ class DockerSession(EnvironmentSession):
                 f"sandbox {self.id}: restarting its container failed: {exc.explanation}"
             ) from None
         state = new["State"]
-        survivors = before & set(running)
+        own_kernel = self.net.runtime in OWN_KERNEL
+        survivors = set[str]() if own_kernel else before & set(running)
         if not state.get("Running") or state.get("Pid") == old["State"].get("Pid") or survivors:
             raise WorkloadNotStopped(
                 f"sandbox {self.id}: processes {sorted(survivors)} outlived the restart"
@@ -250,7 +261,7 @@ class DockerSession(EnvironmentSession):
             )
         # What runs now is what corral started: the engine's init and corral's idle main
         # process from the read-only programs volume (a plan.command is the workload's).
-        if new.get("Path") == programs.BUSYBOX:
+        if new.get("Path") == programs.BUSYBOX and not own_kernel:
             foreign = {
                 pid: command
                 for pid, command in running.items()
