@@ -11,6 +11,8 @@ import pytest
 from docker.errors import ImageNotFound
 
 from corral.core.labels import OWNER
+from corral.network.link import HOLDER_SIDE
+from corral.network.wildcard import RESOLVER
 from corral.providers.docker import DockerConfig, DockerEnvironment
 from corral.testing.plugin import EgressTarget
 from tests.integration.conftest import ALLOWED_IP as ALLOWED_IP
@@ -123,6 +125,14 @@ def runtime(request: pytest.FixtureRequest, engine: Any) -> str:
     if name not in (engine.info().get("Runtimes") or {}):
         unavailable(f"no Docker runtime {name!r}: run tests/integration/docker/engine.sh up")
     return name
+
+
+def nameservers(runtime: str) -> tuple[str, str]:
+    """The sandbox's nameserver under Docker's resolver and under corral's: in its own
+    namespace (runc), or the holder's end of a gateway's link, which answers for both."""
+    if runtime == "runsc":
+        return str(HOLDER_SIDE), str(HOLDER_SIDE)
+    return "127.0.0.11", str(RESOLVER)
 
 
 @pytest.fixture

@@ -116,7 +116,9 @@ async def _everything_the_sandbox_holds(session: EnvironmentSession) -> str:
     return listed.stdout + listed.stderr
 
 
-async def test_the_agent_uses_a_key_it_never_holds(owner: str, upstream: tuple[int, Path]) -> None:
+async def test_the_agent_uses_a_key_it_never_holds(
+    owner: str, upstream: tuple[int, Path], runtime: str
+) -> None:
     port, ca = upstream
     route = CredentialRoute(
         upstream=f"https://127.0.0.1:{port}/v1",
@@ -130,7 +132,7 @@ async def test_the_agent_uses_a_key_it_never_holds(owner: str, upstream: tuple[i
         credentials={"model": route},
     )
     assert KEY not in repr(plan) and KEY not in json.dumps(plan.persisted())
-    env = make_env(owner)
+    env = make_env(owner, runtime=runtime)
     Upstream.seen.clear()
     async with TaskRun(env, plan) as run:
         await run.session.exec(["touch", "/tmp/.began"])

@@ -18,7 +18,7 @@ from corral import NetworkPolicy
 from corral.providers.docker import DockerEnvironment
 from corral.providers.docker.session import DockerSession
 from tests.integration.conftest import ALLOWED_IP, DENIED_IP
-from tests.integration.docker.conftest import NAMES, make_env
+from tests.integration.docker.conftest import NAMES, make_env, nameservers
 from tests.integration.docker.test_docker_wildcard import connects, plan, raw_query, resolves
 
 pytestmark = pytest.mark.anyio
@@ -27,8 +27,9 @@ EXACT = "allowlist:a.allowed.test"
 
 
 @pytest.fixture
-def names_env(owner: str, upstream: str) -> DockerEnvironment:
-    return make_env(owner, upstream_dns_servers=[upstream])
+def names_env(owner: str, upstream: str, runtime: str) -> DockerEnvironment:
+    """Under each runtime (`RUNTIMES`): runsc behind a gateway."""
+    return make_env(owner, upstream_dns_servers=[upstream], runtime=runtime)
 
 
 async def test_a_switch_from_no_network_to_an_exact_name(
@@ -51,18 +52,19 @@ async def test_a_switch_from_no_network_to_an_exact_name(
         assert output.output.decode().split("\n")[1:] == ["-A OUTPUT -j CORRAL-EGRESS", ""]
 
 
-async def test_an_exact_name_as_the_baseline(names_env: DockerEnvironment) -> None:
+async def test_an_exact_name_as_the_baseline(names_env: DockerEnvironment, runtime: str) -> None:
+    dockers, corrals = nameservers(runtime)
     async with names_env.session(plan(EXACT)) as sandbox:
         conf = await sandbox.read_text("/etc/resolv.conf")
-        assert "nameserver 127.0.0.54" in conf, conf
+        assert f"nameserver {corrals}" in conf, conf
         assert await resolves(sandbox, "a.allowed.test") == ALLOWED_IP
         assert await connects(sandbox, "a.allowed.test")
         assert await resolves(sandbox, "b.allowed.test") is None  # a sibling: not listed
         assert await resolves(sandbox, "x.other.test") is None
         assert not await connects(sandbox, DENIED_IP)
         # corral's resolver refuses the rest; no other resolver answers at all.
-        assert "rcode=5 answers=0" in await raw_query(sandbox, "127.0.0.54", "x.other.test")
-        for server in (ALLOWED_IP, "127.0.0.11"):
+        assert "rcode=5 answers=0" in await raw_query(sandbox, corrals, "x.other.test")
+        for server in {ALLOWED_IP, dockers} - {corrals}:
             said = await raw_query(sandbox, server, "x.other.test")
             assert "rcode=" not in said, f"{server} answered: {said}"
 

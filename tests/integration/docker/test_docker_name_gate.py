@@ -162,8 +162,9 @@ def servers(ca: tuple[Path, Path, Path], compose_targets: None, upstream: str) -
 
 
 @pytest.fixture
-def gate_env(owner: str, upstream: str) -> DockerEnvironment:
-    return make_env(owner, upstream_dns_servers=[upstream])
+def gate_env(owner: str, upstream: str, runtime: str) -> DockerEnvironment:
+    """Under each runtime (`RUNTIMES`): runsc behind a gateway."""
+    return make_env(owner, upstream_dns_servers=[upstream], runtime=runtime)
 
 
 async def client(sandbox: EnvironmentSession, *args: str) -> str:
