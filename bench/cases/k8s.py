@@ -2,7 +2,7 @@
 exec (through the exec channel, and plain) vs `kubectl exec`, a policy patch until the
 probe sees it enforced, a warm-pool claim vs a cold open of the same plan, directory
 transfers vs `kubectl cp` (k8s_transfer), the open, exec and switch rows again under gVisor
-beside runc (k8s_runtime), and many Pods opened at once (k8s_scale: 100 in a full run, a
+beside runc (runtimes), and many Pods opened at once (k8s_scale: 100 in a full run, a
 fifth with --quick).
 
 Runs against KUBECONFIG (default: the cluster of tests/integration/cluster/up.sh) in a
@@ -24,9 +24,9 @@ from typing import Any
 
 import anyio
 
-from bench.cases.k8s_runtime import RUNTIME_CLASS, runtime_rows
 from bench.cases.k8s_scale import FULL, scale_rows
 from bench.cases.k8s_transfer import transfer_rows
+from bench.cases.runtimes import RUNTIME_CLASS, runtime_rows
 from bench.context import TEST_IMAGE, Context, timed, timed_sync
 from bench.report import Row, ratio_at_most
 from bench.stats import Summary, summarize
@@ -110,7 +110,18 @@ async def _gvisor_rows(
             "tests/integration/cluster/up.sh registers gVisor's"
         )
         return [Row("k8s under gVisor", note=reason)]
-    return await runtime_rows(ctx, gvisor, env, plan)
+    return await runtime_rows(
+        ctx,
+        gvisor,
+        env,
+        plan,
+        where="k8s",
+        cases=(
+            "Pod open, no-network enforced",
+            "exec `true` (channel)",
+            "switch public → no-network (patch, probe refused)",
+        ),
+    )
 
 
 def _kubectl_run(base: list[str], name: str) -> None:

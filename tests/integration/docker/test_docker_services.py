@@ -15,7 +15,7 @@ from pydantic import SecretStr
 
 from corral import ConfigError, EnvironmentSession, ExecutionPlan, NetworkPolicy, ProviderError
 from corral.core.plan import Healthcheck, ServiceSpec, Timeouts
-from corral.errors import UnsafeArchiveMember
+from corral.errors import FeatureUnsupported, UnsafeArchiveMember
 from corral.providers.docker import DockerEnvironment
 from corral.providers.docker.pool import collect_idle
 from corral.testing.plugin import EgressTarget
@@ -390,4 +390,15 @@ async def test_a_warm_pool_hands_services_only_to_plans_that_name_them(
         # `corral gc` of an idle pooled sandbox takes its services too.
         removed = await collect_idle(await env.engine(), env.config.owner, time.time() + 3600)
         assert len(removed) == 1 and service_names(engine, owner) == []
+    assert leftovers(engine, owner) == []
+
+
+async def test_services_behind_a_gateway_are_refused_before_anything_is_made(
+    engine: Any, owner: str
+) -> None:
+    """gVisor takes the addresses of the namespace it joins: a service sharing it would
+    lose them, so a gateway refuses services, naming them, and makes nothing."""
+    env = make_env(owner, gateway=True)
+    with pytest.raises(FeatureUnsupported, match="services \\(web\\)"):
+        await env.open(plan("public", web=WEB))
     assert leftovers(engine, owner) == []

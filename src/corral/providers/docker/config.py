@@ -63,8 +63,8 @@ class DockerConfig(RuntimeEnvironmentConfig):
         default=None,
         description="give the sandbox a network namespace of its own whose only route leads "
         "through the holder's, so its packets meet corral's rules whatever network stack "
-        "sends them (gVisor's runsc has its own); None: for any runtime but runc. Not yet "
-        "with services or allowlists that name hosts",
+        "sends them (gVisor's runsc has its own); None: for any runtime but runc. IPv4 only; "
+        "a plan's services are refused behind it",
     )
     user: str | None = Field(default=None, description="user the workload runs as (uid[:gid])")
     capabilities: SafeCapabilities = Field(

@@ -492,6 +492,6 @@ async def probe_from_sandbox(
         raise NetworkPolicyNotEnforced(
             f"a connection from the sandbox (runtime {runtime!r}) to {host}:{port} did not "
             f"meet corral's rules (exit {dial.returncode}: {dial.stderr.strip()[-200:]!r}); "
-            "a runtime with a network stack of its own (gVisor's netstack) bypasses them: "
-            "use runc"
+            "a runtime with a network stack of its own (gVisor's netstack) bypasses them "
+            "unless it runs behind a gateway (DockerConfig.gateway)"
         )

@@ -1,6 +1,7 @@
-"""Kubernetes under gVisor beside runc: Pod open with `no-network` enforced, exec through
-the channel, and a switch, each alternating between a Pod of the `gvisor` RuntimeClass and
-one of the node's default runtime (the ratio is gVisor's cost)."""
+"""A provider under gVisor beside runc: open with `no-network` enforced, exec through the
+channel, and a switch, each alternating between a sandbox under gVisor and one under the
+default runtime (the ratio is gVisor's cost). Kubernetes: a Pod of the `gvisor`
+RuntimeClass; Docker: `runtime="runsc"`, behind its gateway."""
 
 from __future__ import annotations
 
@@ -10,15 +11,22 @@ from bench.context import Context, timed
 from bench.report import Row
 from bench.stats import summarize
 from corral import ExecutionPlan, NetworkPolicy
+from corral.core.environment import BaseEnvironment
 from corral.core.session import EnvironmentSession
-from corral.providers.k8s import KubernetesEnvironment
 
 RUNTIME_CLASS = "gvisor"
 
 
 async def runtime_rows(
-    ctx: Context, gvisor: KubernetesEnvironment, runc: KubernetesEnvironment, plan: ExecutionPlan
+    ctx: Context,
+    gvisor: BaseEnvironment,
+    runc: BaseEnvironment,
+    plan: ExecutionPlan,
+    *,
+    where: str,
+    cases: tuple[str, str, str],
 ) -> list[Row]:
+    """Rows `{where} under gVisor: {case}` for the open, the exec and the switch."""
     envs = {"gvisor": gvisor, "runc": runc}
     opens: dict[str, list[float]] = {name: [] for name in envs}
     for _ in range(ctx.reps(8)):
@@ -44,14 +52,10 @@ async def runtime_rows(
                 )
     return [
         Row(
-            f"k8s under gVisor: {case}",
+            f"{where} under gVisor: {case}",
             summarize(samples["gvisor"]),
             "the same under runc",
             summarize(samples["runc"]),
         )
-        for case, samples in (
-            ("Pod open, no-network enforced", opens),
-            ("exec `true` (channel)", execs),
-            ("switch public → no-network (patch, probe refused)", switches),
-        )
+        for case, samples in zip(cases, (opens, execs, switches), strict=True)
     ]
