@@ -339,24 +339,31 @@ async def test_conformance_endpoint(
         url = await sandbox.endpoint(port)
         if url is None:
             return  # allowed by the contract: this provider cannot serve endpoints
-        host, _, port_text = url.removeprefix("http://").rstrip("/").rpartition(":")
-        received = b""
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(sandbox.exec, corral_serve_command(port, "ok"))
-            with anyio.fail_after(30):
-                while not received:
-                    try:
-                        stream = await anyio.connect_tcp(host.strip("[]"), int(port_text))
-                    except OSError:
-                        await anyio.sleep(0.2)
-                        continue
-                    async with stream:
-                        try:
-                            received = await stream.receive()
-                        except (anyio.EndOfStream, OSError):
-                            await anyio.sleep(0.2)
-            tg.cancel_scope.cancel()
+        received = await served_through(sandbox, url, corral_serve_command(port, "ok"))
     assert received.startswith(b"ok")
+
+
+async def served_through(sandbox: EnvironmentSession, url: str, serve: list[str]) -> bytes:
+    """What the caller receives at `url` while the sandbox runs `serve` (a one-shot
+    server on the endpoint's port), retried until it answers (30 s at most)."""
+    host, _, port_text = url.removeprefix("http://").rstrip("/").rpartition(":")
+    received = b""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sandbox.exec, serve)
+        with anyio.fail_after(30):
+            while not received:
+                try:
+                    stream = await anyio.connect_tcp(host.strip("[]"), int(port_text))
+                except OSError:
+                    await anyio.sleep(0.2)
+                    continue
+                async with stream:
+                    try:
+                        received = await stream.receive()
+                    except (anyio.EndOfStream, OSError):
+                        await anyio.sleep(0.2)
+        tg.cancel_scope.cancel()
+    return received
 
 
 async def _reaches(

@@ -11,6 +11,7 @@ import pytest
 from corral import EnvironmentSession, ExecutionPlan, NetworkPolicy, NetworkSchedule
 from corral.providers.docker import DockerEnvironment
 from corral.providers.docker.session import DockerSession
+from corral.testing.conformance import served_through
 from corral.testing.plugin import EgressTarget
 from corral.testing.servers import serve_tcp, stop_server
 from tests.integration.conftest import ALLOWED_IP, ALLOWED_IP6, DENIED_IP, DENIED_IP6
@@ -244,3 +245,21 @@ async def test_behind_a_gateway_nothing_goes_over_ipv6(
             for t in ipv6_targets
         ]
     assert seen == [False, False]
+
+
+@pytest.mark.parametrize("published", [False, True], ids=["address", "published"])
+async def test_an_endpoint_reaches_the_sandbox_under_no_network(
+    owner: str, runtime: str, published: bool
+) -> None:
+    """Inbound is not egress: under no-network the caller still reaches a port the sandbox
+    serves, at `endpoint()` (the holder's address, or a port published on loopback). Behind
+    a gateway (runsc) the holder forwards it over the link (`gateway._LINK`)."""
+    port = 18_080
+    env = make_env(owner, runtime=runtime, published_ports=(port,) if published else ())
+    async with env.session(plan("no-network")) as sandbox:
+        url = await sandbox.endpoint(port)
+        assert url is not None
+        assert url.startswith("http://127.0.0.1:") == published, url
+        serve = ["sh", "-c", f"printf ok | nc -l -N -p {port}"]
+        received = await served_through(sandbox, url, serve)
+    assert received == b"ok"
