@@ -73,7 +73,8 @@ bash tests/integration/cluster/up.sh
 bash tests/integration/k8s/images.sh
 export KUBECONFIG=${KUBECONFIG:-/var/lib/corral-cluster/admin.kubeconfig}
 
-uv run --all-extras --frozen pytest --durations=25 "$@"
+uv run --all-extras --frozen pytest --durations=25 "$@" \
+  || { rc=$?; bash tests/integration/docker/engine.sh hung; exit "$rc"; }
 
 # AgentCompass (and Harbor) need Python >= 3.12: the unit tests and the adapter tests that
 # need it run again in a 3.12 environment from the same lock file.

@@ -45,11 +45,13 @@ BYPASS_RUNTIME=/usr/local/libexec/corral-test/bypass-runtime
 # one (test_docker_adversarial.py). The cluster's build (Debian's 2022 runsc cannot join
 # another container's network namespace). `--overlay2=none`: the sandbox's writes go to
 # the container's filesystem, where the engine's archive calls (corral's file transfers)
-# see them, not to a layer of gVisor's own that only the sandbox sees.
+# see them, not to a layer of gVisor's own that only the sandbox sees. `--debug-log`: each
+# runsc command's log (info level) in $RUNSC_LOGS, so a start that hangs can be read after.
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=../cluster/versions.sh
 . "$HERE/../cluster/versions.sh"
 RUNSC=$GVISOR_BIN/runsc
+RUNSC_LOGS=/var/log/corral-runsc/
 
 log() { printf 'engine.sh: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -105,7 +107,7 @@ write_config() {
   "log-opts": {"max-size": "10m", "max-file": "2"},
   "runtimes": {
     "corral-test-bypass": {"path": "$BYPASS_RUNTIME"},
-    "runsc": {"path": "$RUNSC", "runtimeArgs": ["--overlay2=none"]}
+    "runsc": {"path": "$RUNSC", "runtimeArgs": ["--overlay2=none", "--debug-log=$RUNSC_LOGS"]}
   }
 }
 EOF
@@ -140,6 +142,7 @@ cmd_up() {
         return 0
     fi
     rm -f "$FOREIGN_MARK"
+    rm -f "$RUNSC_LOGS"runsc.log.*  # an earlier engine's, so `hung` reads only this one's
     if pid=$(our_pid); then
         die "dockerd pid $pid (ours) is alive but does not answer; see $LOG"
     fi
@@ -211,10 +214,22 @@ cmd_restart() {
     cmd_up
 }
 
+# runsc commands that create or start a container and never ended (their log has no exit
+# status): the tail of each, newest last. tests/run.sh prints them when pytest fails.
+cmd_hung() {
+    local f
+    grep -L "Exiting with status" "$RUNSC_LOGS"*.create.txt "$RUNSC_LOGS"*.start.txt \
+        2>/dev/null | sort | tail -n 3 | while read -r f; do
+        log "runsc never finished: $f"
+        tail -n 12 "$f" | cut -c1-240 >&2
+    done
+}
+
 case ${1:-} in
     up) cmd_up ;;
     down) cmd_down ;;
     restart) cmd_restart ;;
     status) cmd_status ;;
-    *) echo "usage: $0 up|down|restart|status" >&2; exit 2 ;;
+    hung) cmd_hung ;;
+    *) echo "usage: $0 up|down|restart|status|hung" >&2; exit 2 ;;
 esac
