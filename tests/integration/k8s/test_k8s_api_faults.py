@@ -172,3 +172,59 @@ async def test_api_server_gone_mid_exec(cluster: Any, namespace: str, owner: str
             proxy.back()
             await env.close(session)
     assert await _leftovers(cluster, namespace, owner) == []
+
+
+DELETE_POD = Call("DELETE", f"{_NS}/pods/{{name}}")
+DELETE_POLICY = Call("DELETE", f"{_NETPOL}/{{name}}")
+READS = {READ_POD, Call("GET", f"{_NETPOL}/{{name}}")}
+
+
+async def test_a_close_deletes_what_its_open_made_by_uid_alone(
+    cluster: Any, namespace: str, owner: str
+) -> None:
+    """A close sends one delete per object and reads neither first: the uids the creates
+    answered name exactly what the open made (each delete's precondition). Half the calls
+    of read-then-delete, which is what closing thousands at once queues behind."""
+    with _proxy() as proxy:
+        env = _env(namespace, owner, proxy)
+        session = await env.open(PLAN)
+        opened = len(proxy.calls)
+        await env.close(session)
+        closing = proxy.calls[opened:]
+    assert closing.count(DELETE_POD) == closing.count(DELETE_POLICY) == 1, closing
+    assert not READS & set(closing), closing
+    assert await _leftovers(cluster, namespace, owner) == []
+
+
+async def test_a_close_leaves_a_pod_of_the_same_name_it_did_not_make(
+    cluster: Any, namespace: str, owner: str
+) -> None:
+    """Someone replaces the session's Pod with one of the same name, labels and open token:
+    the close removes exactly what its open made, so the replacement stays."""
+    env = make_env(namespace, owner=owner)
+    session = await env.open(PLAN)
+    name = f"corral-{session.id}"
+    made: Any = cluster.core.read_namespaced_pod(name, namespace)
+    cluster.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    assert await settled(lambda: _absent(cluster, namespace, name), timeout=30) == []
+    meta = made.metadata
+    other = {
+        "metadata": {"name": name, "labels": meta.labels, "annotations": meta.annotations},
+        "spec": {
+            "containers": [{"name": "c", "image": TEST_IMAGE, "command": ["sleep", "60"]}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    cluster.core.create_namespaced_pod(namespace, other)
+    try:
+        await env.close(session)
+        kept: Any = cluster.core.read_namespaced_pod(name, namespace)
+        assert kept.metadata.uid != meta.uid
+    finally:
+        cluster.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+
+def _absent(cluster: Any, namespace: str, name: str) -> list[str]:
+    """[name] while the Pod `name` is still listed, [] once it is gone."""
+    pods: Any = cluster.core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}")
+    return [name] if pods.items else []

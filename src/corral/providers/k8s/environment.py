@@ -55,7 +55,7 @@ from corral.providers.k8s import enforcement, probe
 from corral.providers.k8s.api import Api, call, connect, explain, idempotent, status_of
 from corral.providers.k8s.config import KubernetesConfig
 from corral.providers.k8s.execution import Target, run_own
-from corral.providers.k8s.objects import Kind, Objects, annotations_of, labels_of
+from corral.providers.k8s.objects import Kind, Made, Objects, annotations_of, labels_of
 from corral.providers.k8s.pod import (
     BUSYBOX,
     CONTAINER,
@@ -272,16 +272,17 @@ class KubernetesEnvironment(BaseEnvironment):
         unresolved = pooling is not None or hostnames(baseline)
         initial = NetworkPolicy.no_network() if unresolved else baseline
         body = enforcement.render(initial, Resolution(), name, sid, labels)
+        made: Made = {}
         if pooling is not None:
             owned.push_async_callback(remove_unclaimed, objects, name, sid, instance)
         else:
-            owned.push_async_callback(objects.delete, "network_policy", name, sid, instance)
-        created_policy = await objects.create("network_policy", body, instance, session_id)
+            owned.push_async_callback(objects.delete, "network_policy", name, sid, instance, made)
+        created_policy = await objects.create("network_policy", body, instance, session_id, made)
         if pooling is None:
-            owned.push_async_callback(objects.delete, "pod", name, sid, instance)
+            owned.push_async_callback(objects.delete, "pod", name, sid, instance, made)
         body = manifest(name, image, plan, cfg, labels, dns)
         body["spec"]["activeDeadlineSeconds"] += math.ceil(idle_s)
-        pod = await objects.create("pod", body, instance, session_id)
+        pod = await objects.create("pod", body, instance, session_id, made)
         await objects.own(name, pod.metadata.uid, created_policy.metadata.name)
         pod = await wait_running(clients, cfg.namespace, name)
         return self._session(clients, pod, initial)

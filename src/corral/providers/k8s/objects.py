@@ -9,6 +9,7 @@ through here.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -20,6 +21,8 @@ from corral.providers.k8s.api import Api, call, explain, idempotent, status_of
 from corral.providers.k8s.pod import INSTANCE
 
 Kind = Literal["pod", "network_policy"]
+#: the uid of each object one open created, from the create's own answer
+Made = MutableMapping[Kind, str]
 
 
 def labels_of(found: Any) -> dict[str, str]:
@@ -42,21 +45,29 @@ class Objects:
         return self.clients.core if kind == "pod" else self.clients.networking
 
     async def create(
-        self, kind: Kind, body: dict[str, Any], instance: str, session_id: str | None
+        self,
+        kind: Kind,
+        body: dict[str, Any],
+        instance: str,
+        session_id: str | None,
+        made: Made | None = None,
     ) -> Any:
-        """Create one object stamped with the open's token `instance`; a caller's id that
-        another open took first (409) is `SessionIdTaken`."""
+        """Create one object stamped with the open's token `instance` (its uid into `made`);
+        a caller's id that another open took first (409) is `SessionIdTaken`."""
         name: str = body["metadata"]["name"]
         body["metadata"].setdefault("annotations", {})[INSTANCE] = instance
         create = getattr(self._api(kind), f"create_namespaced_{kind}")
         try:
-            return await call(self.clients.tokens, create, self.namespace, body)
+            created = await call(self.clients.tokens, create, self.namespace, body)
         except ApiException as exc:
             if status_of(exc) == 409 and session_id is not None:
                 raise SessionIdTaken(
                     f"{kind} {name} already exists: session_id {session_id!r} is taken"
                 ) from None
             raise ProviderError(f"the API server rejected {kind} {name}: {explain(exc)}") from None
+        if made is not None:
+            made[kind] = created.metadata.uid
+        return created
 
     async def read(self, kind: Kind, name: str, session_id: str | None = None) -> Any | None:
         """The object `name` of `kind`, or None if absent (or, given `session_id`, if it is
@@ -75,19 +86,30 @@ class Objects:
             return None
         return found
 
-    async def delete(self, kind: Kind, name: str, session_id: str, instance: str | None) -> None:
+    async def delete(
+        self,
+        kind: Kind,
+        name: str,
+        session_id: str,
+        instance: str | None,
+        made: Made | None = None,
+    ) -> None:
         """Delete one object by exact name, only if it carries this session's label and the
         token of the open that made it (`instance`; None for objects listed by gc); the
-        delete holds only for the uid that was checked."""
-        found = await self.read(kind, name)
-        if found is None:
-            return
-        if labels_of(found).get(SESSION) != session_id:
-            raise ProviderError(f"{kind} {name} is not session {session_id}'s; left alone")
-        if instance is not None and annotations_of(found).get(INSTANCE) != instance:
-            return  # another open of the same id made it; it is that open's to remove
+        delete holds only for the uid that was checked. What this open created (its uid in
+        `made`) needs no read: that uid names exactly it, which halves a close's calls."""
+        uid = (made or {}).get(kind)
+        if uid is None:
+            found = await self.read(kind, name)
+            if found is None:
+                return
+            if labels_of(found).get(SESSION) != session_id:
+                raise ProviderError(f"{kind} {name} is not session {session_id}'s; left alone")
+            if instance is not None and annotations_of(found).get(INSTANCE) != instance:
+                return  # another open of the same id made it; it is that open's to remove
+            uid = found.metadata.uid
         delete = getattr(self._api(kind), f"delete_namespaced_{kind}")
-        body = {"preconditions": {"uid": found.metadata.uid}, "gracePeriodSeconds": 0}
+        body = {"preconditions": {"uid": uid}, "gracePeriodSeconds": 0}
         with contextlib.suppress(ApiException):
             await idempotent(self.clients.tokens, delete, name, self.namespace, body=body)
 
