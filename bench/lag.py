@@ -8,7 +8,10 @@ machine delays every process); a loop lag well above it is corral's.
 
 from __future__ import annotations
 
+import gc
 import sys
+import threading
+import time
 from types import TracebackType
 
 import anyio
@@ -29,15 +32,54 @@ print(worst, flush=True)
 
 
 class LagMonitor:
+    """The worst tick delay on the loop, and the longest pause of the garbage collector
+    while it ran (`gc.callbacks`): a collection on the loop's thread holds the loop for
+    all of it, and one of the whole heap grows with every live session."""
+
     def __init__(self) -> None:
         self.worst_s = 0.0
+        #: the longest collection: its wall time, its thread's CPU time, on the loop or not
+        self.gc_worst_s = self.gc_worst_cpu_s = 0.0
+        self.gc_worst_on_loop = False
+        self._loop_thread = 0
+        self._gc_started = (0.0, 0.0)
 
     async def run(self) -> None:
         """Tick until cancelled, keeping the worst delay past each tick's deadline."""
-        while True:
-            due = anyio.current_time() + TICK_S
-            await anyio.sleep(TICK_S)
-            self.worst_s = max(self.worst_s, anyio.current_time() - due)
+        self._loop_thread = threading.get_ident()
+        gc.callbacks.append(self._gc)
+        try:
+            while True:
+                due = anyio.current_time() + TICK_S
+                await anyio.sleep(TICK_S)
+                self.worst_s = max(self.worst_s, anyio.current_time() - due)
+        finally:
+            gc.callbacks.remove(self._gc)
+
+    def gc_note(self) -> str:
+        """The longest collection, in words."""
+        where = "on the loop's thread" if self.gc_worst_on_loop else "in another thread"
+        return (
+            f"the longest garbage collection, {where}, took {self.gc_worst_s * 1000:.0f} ms "
+            f"({self.gc_worst_cpu_s * 1000:.0f} ms of it its own CPU)"
+        )
+
+    def _gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = (time.perf_counter(), time.thread_time())
+            return
+        took = time.perf_counter() - self._gc_started[0]
+        if took > self.gc_worst_s:
+            self.gc_worst_s = took
+            self.gc_worst_cpu_s = time.thread_time() - self._gc_started[1]
+            self.gc_worst_on_loop = threading.get_ident() == self._loop_thread
+
+
+def full_collection_s() -> float:
+    """How long one full collection of this process's heap takes now."""
+    started = time.perf_counter()
+    gc.collect()
+    return time.perf_counter() - started
 
 
 class HostLag:

@@ -91,9 +91,11 @@ async def _rows(ctx: Context, sessions: int, rounds: int) -> list[Row]:
     opens: list[float] = []
     raw_opens: list[float] = []
     raw_failures = 0
+    monitors: list[LagMonitor] = []
     for _ in range(rounds):
         failed: list[Exception] = []
         monitor = LagMonitor()
+        monitors.append(monitor)
         async with HostLag() as host, anyio.create_task_group() as tg:
             tg.start_soon(monitor.run)
             run_all = functools.partial(_all_sessions, ctx, sessions, failed, opens)
@@ -146,5 +148,6 @@ async def _rows(ctx: Context, sessions: int, rounds: int) -> list[Row]:
             summarize(host_lags),
             target=f"≤ {LAG_TARGET_S * 1000:.0f} ms",
             met=max(lags) <= LAG_TARGET_S,
+            note=max(monitors, key=lambda m: m.gc_worst_s).gc_note(),
         ),
     ]
