@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+import time
 from contextlib import AsyncExitStack
 
 import anyio
@@ -15,7 +17,8 @@ from corral import (
     StartupTimeout,
     Timeouts,
 )
-from corral.core.blocking import limiter
+from corral.core import environment
+from corral.core.blocking import limiter, run_blocking
 from tests.unit.fakes import FakeEnvironment
 
 pytestmark = pytest.mark.anyio
@@ -78,6 +81,61 @@ async def test_close_under_cancellation_still_unwinds() -> None:
         scope.cancel()
         await env.close(session)
     assert env.live == set()
+
+
+class _ThreadedUndo(FakeEnvironment):
+    """Its last resource is removed by a call in a worker thread, one token wide, after
+    `own_work_s` of the undo's own work."""
+
+    def __init__(self, own_work_s: float) -> None:
+        super().__init__(steps=1)
+        self.own_work_s = own_work_s
+
+    async def _open(
+        self, plan: ExecutionPlan, owned: AsyncExitStack, *, session_id: str | None
+    ) -> EnvironmentSession:
+        session = await super()._open(plan, owned, session_id=session_id)
+        self.live.add("threaded")
+
+        async def undo() -> None:
+            await anyio.sleep(self.own_work_s)
+            await run_blocking("unit-undo", 1, self.live.discard, "threaded")
+
+        owned.push_async_callback(undo)
+        return session
+
+
+async def test_a_close_queued_for_a_worker_thread_past_the_bound_still_finishes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Thousands of closes at once queue for a few threads; the wait is not the backend
+    being stuck, and a bound that counted it gave every close of 5,000 up."""
+    monkeypatch.setattr(environment, "CLEANUP_TIMEOUT_S", 0.3)
+    env = _ThreadedUndo(own_work_s=0.0)
+    session = await env.open(ExecutionPlan())
+
+    async def hold_the_only_token() -> None:
+        await run_blocking("unit-undo", 1, time.sleep, 0.8)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(hold_the_only_token)
+        await anyio.sleep(0.05)  # the other call holds the only token
+        await env.close(session)
+    assert env.live == set()
+
+
+async def test_a_close_whose_own_work_passes_the_bound_gives_up_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(environment, "CLEANUP_TIMEOUT_S", 0.3)
+    env = _ThreadedUndo(own_work_s=30.0)
+    session = await env.open(ExecutionPlan())
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, "corral.environment"):
+        await env.close(session)
+    assert time.monotonic() - started < 2.0
+    assert env.live == {"threaded"}
+    assert "cleanup exceeded" in caplog.text
 
 
 async def test_open_limiter_bounds_concurrency() -> None:

@@ -36,8 +36,8 @@ FOREIGN: dict[tuple[str, str], str] = {
     },
     ("providers/local/process.py", "readers.cancel_scope.deadline"): _SCOPE,
     ("testing/soak.py", "scope.deadline"): _SCOPE,
-    ("core/warmpool.py", "scope.deadline"): _SCOPE,
-    ("core/environment.py", "scope.deadline"): _SCOPE,
+    ("core/blocking.py", "scope.deadline"): _SCOPE,
+    ("core/blocking.py", "self.scope.deadline"): _SCOPE,
     ("providers/k8s/api.py", "configuration.retries"): "the kubernetes client's Configuration",
     ("providers/k8s/api.py", "configuration.connection_pool_maxsize"): (
         "the kubernetes client's Configuration"

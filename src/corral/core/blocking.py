@@ -1,11 +1,15 @@
 """Blocking SDK calls: in worker threads under a named limiter, never on the event loop,
-retried only when the caller says the failure is transient and the call idempotent."""
+retried only when the caller says the failure is transient and the call idempotent; and the
+time bound of a shielded cleanup, which does not count the wait for a worker thread."""
 
 from __future__ import annotations
 
 import functools
+import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import ParamSpec, TypeVar
 
 import anyio
@@ -14,28 +18,78 @@ from anyio.lowlevel import RunVar, checkpoint_if_cancelled
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_limiters: RunVar[dict[tuple[str, int], anyio.CapacityLimiter]] = RunVar("corral_limiters")
+_limiters: RunVar[dict[tuple[str, float], anyio.CapacityLimiter]] = RunVar("corral_limiters")
 
 
-def limiter(key: str, tokens: int) -> anyio.CapacityLimiter:
+def limiter(key: str, tokens: float) -> anyio.CapacityLimiter:
     """The process-wide limiter of `tokens` named `key` (one per event loop), made on first
     use; callers that ask for other token counts (two configs' `max_workers`) get their own."""
     try:
         limiters = _limiters.get()
     except LookupError:
-        limiters: dict[tuple[str, int], anyio.CapacityLimiter] = {}
+        limiters: dict[tuple[str, float], anyio.CapacityLimiter] = {}
         _limiters.set(limiters)
     if (key, tokens) not in limiters:
         limiters[key, tokens] = anyio.CapacityLimiter(tokens)
     return limiters[key, tokens]
 
 
+class _CleanupBound:
+    """A cleanup's time bound, stopped while any of its calls waits for a worker thread:
+    when thousands of sessions close at once they queue for a few threads, and that wait is
+    no sign that the backend is stuck (it was what made every close of 5,000 give up)."""
+
+    def __init__(self, scope: anyio.CancelScope, seconds: float) -> None:
+        self.scope = scope
+        self.left = seconds
+        self.queued = 0
+        scope.deadline = anyio.current_time() + seconds
+
+    @contextmanager
+    def stopped(self) -> Generator[None]:
+        if self.queued == 0:
+            self.left = self.scope.deadline - anyio.current_time()
+            self.scope.deadline = math.inf
+        self.queued += 1
+        try:
+            yield
+        finally:
+            self.queued -= 1
+            if self.queued == 0:
+                self.scope.deadline = anyio.current_time() + self.left
+
+
+_cleanup: ContextVar[_CleanupBound | None] = ContextVar("corral_cleanup_bound", default=None)
+
+
+@contextmanager
+def cleanup_bound(scope: anyio.CancelScope, seconds: float) -> Generator[None]:
+    """Bound the shielded `scope` to `seconds` of its own work: the time its blocking calls
+    spend queued for a worker thread (also in tasks it starts) is not counted."""
+    token = _cleanup.set(_CleanupBound(scope, seconds))
+    try:
+        yield
+    finally:
+        _cleanup.reset(token)
+
+
 async def run_blocking(
     key: str, tokens: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
 ) -> T:
-    return await anyio.to_thread.run_sync(
-        functools.partial(fn, *args, **kwargs), limiter=limiter(key, tokens)
-    )
+    bound = _cleanup.get()
+    queue = limiter(key, tokens)
+    if bound is None:
+        await queue.acquire()
+    else:
+        with bound.stopped():
+            await queue.acquire()
+    try:
+        # The token taken above is the limit; the thread itself is not limited again.
+        return await anyio.to_thread.run_sync(
+            functools.partial(fn, *args, **kwargs), limiter=limiter("unlimited", math.inf)
+        )
+    finally:
+        queue.release()
 
 
 async def run_stoppable(key: str, tokens: int, fn: Callable[[threading.Event], T]) -> T:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Self
 import anyio
 
 from corral.core.admission import Admission
-from corral.core.blocking import limiter
+from corral.core.blocking import cleanup_bound, limiter
 from corral.core.config import RuntimeEnvironmentConfig
 from corral.core.labels import checked_session_id
 from corral.core.logs import event
@@ -382,8 +382,7 @@ class BaseEnvironment(abc.ABC):
 
 
 async def _unwind(owned: AsyncExitStack, primary: BaseException | None) -> None:
-    with anyio.CancelScope(shield=True) as scope:
-        scope.deadline = anyio.current_time() + CLEANUP_TIMEOUT_S
+    with anyio.CancelScope(shield=True) as scope, cleanup_bound(scope, CLEANUP_TIMEOUT_S):
         try:
             await owned.aclose()
         except Exception as exc:

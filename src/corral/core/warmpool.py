@@ -24,6 +24,7 @@ from typing import Generic, Self, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
+from corral.core.blocking import cleanup_bound
 from corral.core.environment import CLEANUP_TIMEOUT_S
 from corral.core.logs import event
 from corral.core.plan import ExecutionPlan
@@ -167,8 +168,7 @@ class SlotPool(abc.ABC, Generic[T]):
 
 async def release(undo: Callable[[], Awaitable[object]], log: logging.Logger) -> None:
     """Run a pool's `undo` shielded from cancellation and bounded; a failure is logged."""
-    with anyio.CancelScope(shield=True) as scope:
-        scope.deadline = anyio.current_time() + CLEANUP_TIMEOUT_S
+    with anyio.CancelScope(shield=True) as scope, cleanup_bound(scope, CLEANUP_TIMEOUT_S):
         try:
             await undo()
         except Exception as exc:
