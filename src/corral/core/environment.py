@@ -305,7 +305,10 @@ class BaseEnvironment(abc.ABC):
             raise FeatureUnsupported(f"provider {self.id!r} does not support {feature}")
 
     async def close(self, session: EnvironmentSession) -> None:
-        """Remove exactly what `session` owns; idempotent and safe under cancellation."""
+        """Remove exactly what `session` owns; idempotent and safe under cancellation. The
+        removal is shielded, and gives up (logging an error; `corral gc` removes what is
+        left once it expires) after `CLEANUP_TIMEOUT_S` of its own work: the time its calls
+        wait for a worker thread behind other sessions' is not counted."""
         if session.closed:
             return
         if session.environment is not self:
