@@ -261,7 +261,7 @@ async def _rows(ctx: Context, client: Any, kubeconfig: str, count: int) -> list[
             met=monitor.worst_s <= LAG_TARGET_S,
             note=f"a separate idle process's worst lag {host.worst_s * 1000:.0f} ms; "
             f"floor: {monitor.gc_note()}; a full collection with no session live takes "
-            f"{idle_gc * 1000:.0f} ms",
+            f"{idle_gc * 1000:.0f} ms; {monitor.stall_note()}",
         ),
         Row(
             f"{case}: harness memory per live session",
