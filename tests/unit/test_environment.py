@@ -138,6 +138,32 @@ async def test_a_close_whose_own_work_passes_the_bound_gives_up_and_says_so(
     assert "cleanup exceeded" in caplog.text
 
 
+async def test_a_close_queued_past_the_ceiling_gives_up_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shielded close must end: a queue that never moves (every token held by calls
+    that do not return) is not waited for beyond the ceiling."""
+    monkeypatch.setattr(environment, "CLEANUP_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(environment, "CLEANUP_CEILING_S", 0.6)
+    env = _ThreadedUndo(own_work_s=0.0)
+    session = await env.open(ExecutionPlan())
+
+    async def hold_the_only_token() -> None:
+        await run_blocking("unit-undo", 1, time.sleep, 3.0)
+
+    took = 0.0
+    async with anyio.create_task_group() as group:
+        group.start_soon(hold_the_only_token)
+        await anyio.sleep(0.05)
+        started = time.monotonic()
+        with caplog.at_level(logging.ERROR, "corral.environment"):
+            await env.close(session)
+        took = time.monotonic() - started
+    assert took < 1.5
+    assert env.live == {"threaded"}
+    assert "cleanup exceeded" in caplog.text
+
+
 async def test_open_limiter_bounds_concurrency() -> None:
     env = FakeEnvironment(steps=5)
     sessions: list[EnvironmentSession] = []

@@ -37,36 +37,40 @@ def limiter(key: str, tokens: float) -> anyio.CapacityLimiter:
 class _CleanupBound:
     """A cleanup's time bound, stopped while any of its calls waits for a worker thread:
     when thousands of sessions close at once they queue for a few threads, and that wait is
-    no sign that the backend is stuck (it was what made every close of 5,000 give up)."""
+    no sign that the backend is stuck (it was what made every close of 5,000 give up). The
+    ceiling holds whatever the wait: a shielded cleanup must end."""
 
-    def __init__(self, scope: anyio.CancelScope, seconds: float) -> None:
+    def __init__(self, scope: anyio.CancelScope, seconds: float, ceiling_s: float) -> None:
+        now = anyio.current_time()
         self.scope = scope
+        self.ceiling = now + ceiling_s
         self.left = seconds
         self.queued = 0
-        scope.deadline = anyio.current_time() + seconds
+        scope.deadline = min(now + seconds, self.ceiling)
 
     @contextmanager
     def stopped(self) -> Generator[None]:
         if self.queued == 0:
             self.left = self.scope.deadline - anyio.current_time()
-            self.scope.deadline = math.inf
+            self.scope.deadline = self.ceiling
         self.queued += 1
         try:
             yield
         finally:
             self.queued -= 1
             if self.queued == 0:
-                self.scope.deadline = anyio.current_time() + self.left
+                self.scope.deadline = min(anyio.current_time() + self.left, self.ceiling)
 
 
 _cleanup: ContextVar[_CleanupBound | None] = ContextVar("corral_cleanup_bound", default=None)
 
 
 @contextmanager
-def cleanup_bound(scope: anyio.CancelScope, seconds: float) -> Generator[None]:
-    """Bound the shielded `scope` to `seconds` of its own work: the time its blocking calls
-    spend queued for a worker thread (also in tasks it starts) is not counted."""
-    token = _cleanup.set(_CleanupBound(scope, seconds))
+def cleanup_bound(scope: anyio.CancelScope, seconds: float, ceiling_s: float) -> Generator[None]:
+    """Bound the shielded `scope` to `seconds` of its own work, and `ceiling_s` in all: the
+    time its blocking calls spend queued for a worker thread (also in tasks it starts)
+    counts only toward the ceiling."""
+    token = _cleanup.set(_CleanupBound(scope, seconds, ceiling_s))
     try:
         yield
     finally:

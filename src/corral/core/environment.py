@@ -38,7 +38,10 @@ from corral.network.targets import EntryType
 
 log = logging.getLogger("corral.environment")
 
+#: How long a shielded cleanup may work; the time it queues for worker threads behind
+#: other sessions' calls is not counted, but it ends by the ceiling whatever the queue.
 CLEANUP_TIMEOUT_S = 120.0
+CLEANUP_CEILING_S = 1200.0
 
 
 class BaseEnvironment(abc.ABC):
@@ -308,7 +311,8 @@ class BaseEnvironment(abc.ABC):
         """Remove exactly what `session` owns; idempotent and safe under cancellation. The
         removal is shielded, and gives up (logging an error; `corral gc` removes what is
         left once it expires) after `CLEANUP_TIMEOUT_S` of its own work: the time its calls
-        wait for a worker thread behind other sessions' is not counted."""
+        wait for a worker thread behind other sessions' counts only toward
+        `CLEANUP_CEILING_S`."""
         if session.closed:
             return
         if session.environment is not self:
@@ -385,7 +389,10 @@ class BaseEnvironment(abc.ABC):
 
 
 async def _unwind(owned: AsyncExitStack, primary: BaseException | None) -> None:
-    with anyio.CancelScope(shield=True) as scope, cleanup_bound(scope, CLEANUP_TIMEOUT_S):
+    with (
+        anyio.CancelScope(shield=True) as scope,
+        cleanup_bound(scope, CLEANUP_TIMEOUT_S, CLEANUP_CEILING_S),
+    ):
         try:
             await owned.aclose()
         except Exception as exc:
@@ -394,7 +401,11 @@ async def _unwind(owned: AsyncExitStack, primary: BaseException | None) -> None:
             primary.add_note(f"corral: cleanup after the failure also failed: {exc!r}")
             event(log, "error", "cleanup failed", error=repr(exc))
     if scope.cancelled_caught:
-        log.error("cleanup exceeded %.0f s; resources may remain", CLEANUP_TIMEOUT_S)
+        log.error(
+            "cleanup exceeded %.0f s of its own work or %.0f s in all; resources may remain",
+            CLEANUP_TIMEOUT_S,
+            CLEANUP_CEILING_S,
+        )
 
 
 ENVIRONMENTS = EnvironmentRegistry(BaseEnvironment)

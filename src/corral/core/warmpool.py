@@ -25,7 +25,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from corral.core.blocking import cleanup_bound
-from corral.core.environment import CLEANUP_TIMEOUT_S
+from corral.core.environment import CLEANUP_CEILING_S, CLEANUP_TIMEOUT_S
 from corral.core.logs import event
 from corral.core.plan import ExecutionPlan
 from corral.errors import ProviderError
@@ -168,7 +168,10 @@ class SlotPool(abc.ABC, Generic[T]):
 
 async def release(undo: Callable[[], Awaitable[object]], log: logging.Logger) -> None:
     """Run a pool's `undo` shielded from cancellation and bounded; a failure is logged."""
-    with anyio.CancelScope(shield=True) as scope, cleanup_bound(scope, CLEANUP_TIMEOUT_S):
+    with (
+        anyio.CancelScope(shield=True) as scope,
+        cleanup_bound(scope, CLEANUP_TIMEOUT_S, CLEANUP_CEILING_S),
+    ):
         try:
             await undo()
         except Exception as exc:
