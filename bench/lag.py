@@ -105,7 +105,7 @@ class LagMonitor:
 
 
 def _where(frame: FrameType) -> str:
-    """The innermost frame in corral's or the bench's code, and the innermost of all."""
+    """The innermost frame in corral's package, and the innermost of all."""
     stack = traceback.extract_stack(frame)
     own = next((f for f in reversed(stack) if "/corral/" in f.filename), None)
     inner = stack[-1]

@@ -4,11 +4,11 @@ time bound of a shielded cleanup, which does not count the wait for a worker thr
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
 from collections.abc import Callable, Generator
-from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import ParamSpec, TypeVar
 
@@ -48,7 +48,7 @@ class _CleanupBound:
         self.queued = 0
         scope.deadline = min(now + seconds, self.ceiling)
 
-    @contextmanager
+    @contextlib.contextmanager
     def stopped(self) -> Generator[None]:
         if self.queued == 0:
             self.left = self.scope.deadline - anyio.current_time()
@@ -65,16 +65,17 @@ class _CleanupBound:
 _cleanup: ContextVar[_CleanupBound | None] = ContextVar("corral_cleanup_bound", default=None)
 
 
-@contextmanager
-def cleanup_bound(scope: anyio.CancelScope, seconds: float, ceiling_s: float) -> Generator[None]:
-    """Bound the shielded `scope` to `seconds` of its own work, and `ceiling_s` in all: the
-    time its blocking calls spend queued for a worker thread (also in tasks it starts)
-    counts only toward the ceiling."""
-    token = _cleanup.set(_CleanupBound(scope, seconds, ceiling_s))
-    try:
-        yield
-    finally:
-        _cleanup.reset(token)
+@contextlib.contextmanager
+def cleanup_bound(seconds: float, ceiling_s: float) -> Generator[anyio.CancelScope]:
+    """A scope shielded from the caller's cancellation, bounded to `seconds` of its own work
+    and `ceiling_s` in all: the time its blocking calls spend queued for a worker thread
+    (also in tasks it starts) counts only toward the ceiling."""
+    with anyio.CancelScope(shield=True) as scope:
+        token = _cleanup.set(_CleanupBound(scope, seconds, ceiling_s))
+        try:
+            yield scope
+        finally:
+            _cleanup.reset(token)
 
 
 async def run_blocking(
@@ -82,11 +83,8 @@ async def run_blocking(
 ) -> T:
     bound = _cleanup.get()
     queue = limiter(key, tokens)
-    if bound is None:
+    with contextlib.nullcontext() if bound is None else bound.stopped():
         await queue.acquire()
-    else:
-        with bound.stopped():
-            await queue.acquire()
     try:
         # The token taken above is the limit; the thread itself is not limited again.
         return await anyio.to_thread.run_sync(

@@ -389,10 +389,7 @@ class BaseEnvironment(abc.ABC):
 
 
 async def _unwind(owned: AsyncExitStack, primary: BaseException | None) -> None:
-    with (
-        anyio.CancelScope(shield=True) as scope,
-        cleanup_bound(scope, CLEANUP_TIMEOUT_S, CLEANUP_CEILING_S),
-    ):
+    with cleanup_bound(CLEANUP_TIMEOUT_S, CLEANUP_CEILING_S) as scope:
         try:
             await owned.aclose()
         except Exception as exc:

@@ -168,10 +168,7 @@ class SlotPool(abc.ABC, Generic[T]):
 
 async def release(undo: Callable[[], Awaitable[object]], log: logging.Logger) -> None:
     """Run a pool's `undo` shielded from cancellation and bounded; a failure is logged."""
-    with (
-        anyio.CancelScope(shield=True) as scope,
-        cleanup_bound(scope, CLEANUP_TIMEOUT_S, CLEANUP_CEILING_S),
-    ):
+    with cleanup_bound(CLEANUP_TIMEOUT_S, CLEANUP_CEILING_S):
         try:
             await undo()
         except Exception as exc:
