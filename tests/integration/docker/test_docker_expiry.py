@@ -50,9 +50,12 @@ async def test_sandboxes_of_a_killed_harness_end_themselves(engine: Any, owner: 
     await wait_for(lambda: not running(engine, owner), expires + MARGIN_S)
     ended_after = time.monotonic() - killed_at
     print(f"harness killed -> containers ended: {ended_after:.1f} s")
-    # The holders removed themselves. A network cannot, and a sandbox is not auto-removed
+    # The holders removed themselves (the engine removes an auto-removed container a
+    # moment after it stops running). A network cannot, and a sandbox is not auto-removed
     # (its restart would race the removal): `corral gc` removes both once expired.
-    assert set(containers(engine, owner)) == {f"corral-{sid}-sandbox" for sid in ids}
+    sandboxes = {f"corral-{sid}-sandbox" for sid in ids}
+    await wait_for(lambda: set(containers(engine, owner)) <= sandboxes, time.time() + MARGIN_S)
+    assert set(containers(engine, owner)) == sandboxes
     assert set(networks(engine, owner)) == {f"corral-{sid}" for sid in ids}
     gc = await anyio.run_process(
         [sys.executable, "-m", "corral", "gc", "--env", "docker", "-p", f"owner={owner}"],
