@@ -18,7 +18,14 @@ from websocket import ABNF
 from corral.core.session import ExecRequest
 from corral.errors import ProviderError
 from corral.helper.channel import Channel, Refused
-from corral.helper.link import MAX_FRAME, ChannelUnavailable, FrameParser, ProtocolError, frame
+from corral.helper.link import (
+    MAX_FRAME,
+    ChannelUnavailable,
+    FrameParser,
+    ProtocolError,
+    frame,
+    merged,
+)
 from corral.providers.docker.channel import EngineStream
 from corral.providers.k8s.websocket import PORT_FORWARD, WebSocketTransport
 from tests.unit.fake_helper import FakeHelper
@@ -38,6 +45,31 @@ def test_frames_survive_any_split() -> None:
 def test_a_frame_of_a_bad_size_is_nonsense(size: int) -> None:
     with pytest.raises(ProtocolError):
         FrameParser().feed(struct.pack(">IBI", size, ord("o"), 1))
+
+
+def test_runs_of_one_ids_output_are_merged_and_nothing_else_is() -> None:
+    o, e, x = ord("o"), ord("e"), ord("X")
+    frames = [
+        (o, 1, b"a"),
+        (o, 1, b"b"),
+        (o, 2, b"c"),
+        (o, 1, b"d"),
+        (e, 1, b"e"),
+        (e, 1, b"f"),
+        (x, 1, b"{}"),
+        (x, 1, b"{}"),
+        (o, 1, b"g"),
+    ]
+    assert merged(frames, frozenset((o, e))) == [
+        (o, 1, b"ab"),
+        (o, 2, b"c"),
+        (o, 1, b"d"),
+        (e, 1, b"ef"),
+        (x, 1, b"{}"),
+        (x, 1, b"{}"),
+        (o, 1, b"g"),
+    ]
+    assert merged(frames, frozenset()) == frames
 
 
 async def _channel(helper: FakeHelper) -> Channel:

@@ -116,6 +116,7 @@ class Channel(FrameLink):
     """One running exec helper and the stream to it."""
 
     version = VERSION
+    streamed = frozenset(_STREAM)
 
     async def run(
         self,

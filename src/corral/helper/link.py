@@ -102,12 +102,35 @@ class FrameParser:
 Message = tuple[int, bytes]  # (kind, payload); kind 0: the link broke (payload: why)
 
 
+def merged(
+    frames: list[tuple[int, int, bytes]], kinds: frozenset[int]
+) -> list[tuple[int, int, bytes]]:
+    """`frames` with each run of consecutive frames of one id and one of `kinds` joined into
+    one: a command printing 1 MiB arrives as some 34 frames, and each one handed to its
+    mailbox is a pass of the event loop."""
+    out: list[tuple[int, int, bytes]] = []
+    parts: list[bytes] = []
+    for kind, rid, payload in frames:
+        if parts and kind in kinds and out[-1][:2] == (kind, rid):
+            parts.append(payload)
+            continue
+        if len(parts) > 1:
+            out[-1] = (*out[-1][:2], b"".join(parts))
+        out.append((kind, rid, payload))
+        parts = [payload]
+    if len(parts) > 1:
+        out[-1] = (*out[-1][:2], b"".join(parts))
+    return out
+
+
 class FrameLink:
     """One running program and the stream to it: requests out, each id's frames into its
     own mailbox."""
 
     #: the protocol version the program's hello must carry
     version: ClassVar[int]
+    #: kinds whose consecutive frames of one id are one stream of bytes (see `merged`)
+    streamed: ClassVar[frozenset[int]] = frozenset()
 
     def __init__(
         self, transport: Transport, token: EventLoopToken, key: str, tokens: int, sandbox_id: str
@@ -143,7 +166,7 @@ class FrameLink:
                 data = self.transport.recv()
                 if not data:
                     break
-                frames = self._parser.feed(data)
+                frames = merged(self._parser.feed(data), self.streamed)
                 if frames:
                     anyio.from_thread.run_sync(self._deliver, frames, token=self.token)
         except ProtocolError as exc:

@@ -28,6 +28,21 @@ async def test_a_timeout_kills_the_tree_of_any_user(owner: str, user: str | None
         assert left.stdout.strip() == "0", "processes outlived the timeout"
 
 
+@pytest.mark.parametrize("channel", [True, False], ids=["channel", "plain"])
+async def test_a_command_that_never_stops_printing_still_times_out(
+    owner: str, channel: bool
+) -> None:
+    """Reads take what is there without waiting for the selector: a stream that never
+    pauses must still let the timeout land, and the output stays bounded."""
+    async with make_env(owner, exec_channel=channel).session(PLAN) as sandbox:
+        started = anyio.current_time()
+        result = await sandbox.exec("yes corral-never-stops", timeout=1.5)
+        elapsed = anyio.current_time() - started
+        assert result.timed_out and result.stdout_truncated
+        assert result.stdout.startswith("corral-never-stops\n")
+        assert elapsed < 10, f"a timeout of 1.5 s took {elapsed:.1f} s"
+
+
 async def test_root_keeps_its_capabilities_in_a_non_root_sandbox(owner: str) -> None:
     async with make_env(owner, user="corral").session(PLAN) as sandbox:
         assert (await sandbox.exec(["id", "-un"])).stdout == "corral\n"

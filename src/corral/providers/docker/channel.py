@@ -43,6 +43,9 @@ from corral.providers.docker.engine import Engine, Hijacked
 from corral.providers.docker.execution import kill_tree, run_exec
 
 log = logging.getLogger("corral.docker.channel")
+#: the most one read of the stream takes: all that arrived while the reader was handing
+#: the last read to the event loop, so that a large output crosses in a few passes
+RECV_BYTES = 1 << 20
 
 
 class EngineStream:
@@ -85,9 +88,9 @@ class SocketTransport:
     def recv(self) -> bytes:
         while True:
             if self._reader is not None:
-                data: bytes = self._reader.read1(65536)
+                data: bytes = self._reader.read1(RECV_BYTES)
             else:
-                data = self.sock.recv(65536)
+                data = self.sock.recv(RECV_BYTES)
             if not data:
                 return b""
             stdout = self._stream.feed(data)
