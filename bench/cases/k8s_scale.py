@@ -14,6 +14,7 @@ has removed them all (the drain), so the baseline starts on an empty node.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import statistics
 import threading
@@ -35,10 +36,12 @@ from corral.providers.k8s import KubernetesEnvironment
 #: The kubernetes client is only partly typed; its objects are Any at this boundary.
 k8s_config: Any = importlib.import_module("kubernetes.config")
 k8s_watch: Any = importlib.import_module("kubernetes.watch")
+ApiException: type[Exception] = importlib.import_module("kubernetes.client").ApiException
 
 FULL = 100
 TARGET = 1.2
 READY_WITHIN_S = 600
+REWATCH_PAUSE_S = 0.2
 DRAIN_WITHIN_S = 300
 
 
@@ -97,22 +100,38 @@ def baseline(
     created: dict[str, float] = {}
     ready: dict[str, float] = {}
     watching = threading.Event()
+    stopped = threading.Event()
     watch = k8s_watch.Watch()
 
+    def note(pod: Any) -> None:
+        if pod.metadata.name not in ready and _ready(pod):
+            ready[pod.metadata.name] = time.perf_counter()
+
     def observe() -> None:
-        stream = watch.stream(
-            core.list_namespaced_pod,
-            namespace,
-            label_selector=selector,
-            timeout_seconds=READY_WITHIN_S,
-        )
-        watching.set()
-        for event in stream:
-            pod = event["object"]
-            if pod.metadata.name not in ready and _ready(pod):
-                ready[pod.metadata.name] = time.perf_counter()
-                if len(ready) == pods:
-                    watch.stop()
+        # A watch the API server ends early (under load, or a version gone stale) is
+        # taken up again from a fresh list, so that no Pod's Ready is missed.
+        deadline = time.monotonic() + READY_WITHIN_S
+        while len(ready) < pods and not stopped.is_set():
+            left = int(deadline - time.monotonic())
+            if left <= 0:
+                return
+            listed = core.list_namespaced_pod(namespace, label_selector=selector)
+            for pod in listed.items:
+                note(pod)
+            watching.set()
+            stream = watch.stream(
+                core.list_namespaced_pod,
+                namespace,
+                label_selector=selector,
+                resource_version=listed.metadata.resource_version,
+                timeout_seconds=left,
+            )
+            with contextlib.suppress(ApiException):
+                for event in stream:
+                    note(event["object"])
+                    if len(ready) == pods:
+                        watch.stop()
+            stopped.wait(REWATCH_PAUSE_S)
 
     def create(index: int) -> None:
         name = f"bench-scale-{index}"
@@ -141,6 +160,7 @@ def baseline(
         with ThreadPoolExecutor(max_workers=workers or pods) as pool:
             list(pool.map(create, range(pods)))
     except BaseException:
+        stopped.set()
         watch.stop()
         raise
     watcher.join()
