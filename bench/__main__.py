@@ -9,10 +9,13 @@ builds them). The engine is reset (everything this run labelled removed) between
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import sys
 import tempfile
 import time
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,20 @@ def _args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@contextlib.contextmanager
+def _own_logging() -> Generator[None]:
+    """The root logger as it was before a case: a library a case drives (AgentCompass sets
+    up a rich handler) must not slow the cases after it. In the 7 Dec full run the kwok
+    rows, which come after it, spent most of their loop stalls in that handler."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 async def _run(ctx: Context, names: list[str]) -> list[Row]:
     rows: list[Row] = []
     for name in names:
@@ -44,7 +61,8 @@ async def _run(ctx: Context, names: list[str]) -> list[Row]:
         started = time.monotonic()
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
         try:
-            rows += await CASES[name](ctx)
+            with _own_logging():
+                rows += await CASES[name](ctx)
         except Exception as exc:
             rows.append(Row(name, note=f"failed: {exc!r}"))
         print(f"bench: {name} {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
