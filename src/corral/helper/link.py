@@ -108,19 +108,13 @@ def merged(
     """`frames` with each run of consecutive frames of one id and one of `kinds` joined into
     one: a command printing 1 MiB arrives as some 34 frames, and each one handed to its
     mailbox is a pass of the event loop."""
-    out: list[tuple[int, int, bytes]] = []
-    parts: list[bytes] = []
+    runs: list[tuple[int, int, list[bytes]]] = []
     for kind, rid, payload in frames:
-        if parts and kind in kinds and out[-1][:2] == (kind, rid):
-            parts.append(payload)
-            continue
-        if len(parts) > 1:
-            out[-1] = (*out[-1][:2], b"".join(parts))
-        out.append((kind, rid, payload))
-        parts = [payload]
-    if len(parts) > 1:
-        out[-1] = (*out[-1][:2], b"".join(parts))
-    return out
+        if runs and kind in kinds and runs[-1][:2] == (kind, rid):
+            runs[-1][2].append(payload)
+        else:
+            runs.append((kind, rid, [payload]))
+    return [(kind, rid, b"".join(parts)) for kind, rid, parts in runs]
 
 
 class FrameLink:
