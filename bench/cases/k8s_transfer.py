@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import anyio
-from websocket import ABNF
 
 from bench.context import Context, timed, timed_sync
 from bench.report import Row
@@ -27,7 +26,7 @@ from corral.core.tarsafe import pack_dir
 from corral.providers.k8s import KubernetesEnvironment
 from corral.providers.k8s.pod import CONTAINER
 from corral.providers.k8s.session import KubernetesSession
-from corral.providers.k8s.websocket import FRAME
+from corral.providers.k8s.websocket import FRAME, framed
 
 WARMUP = 1
 TARGET = "throughput ≥ 1.0x (p50 time ≤ 1.0x)"
@@ -40,7 +39,7 @@ def _kubectl_cp(base: list[str], source: str, dest: str) -> None:
 def _upload_pieces(tree: Path, reps: int = 3) -> tuple[float, float]:
     """Two parts of corral's k8s upload_dir, timed alone (medians): packing the tree into
     its spool (the length the Pod's reader is given comes first), and the masking RFC 6455
-    asks of a client for every frame it sends, done in Python (websocket-client's, as
+    asks of a client for every frame it sends, done in Python (`websocket.framed`, as
     `WebSocketTransport` frames stdin). `kubectl cp` streams, and masks in Go."""
     spooled: list[float] = []
     masked: list[float] = []
@@ -53,7 +52,7 @@ def _upload_pieces(tree: Path, reps: int = 3) -> tuple[float, float]:
             spool.seek(0)
             started = time.perf_counter()
             while chunk := spool.read(FRAME):
-                ABNF.create_frame(b"\0" + chunk, ABNF.OPCODE_BINARY).format()
+                framed(b"\0", chunk)
             masked.append(time.perf_counter() - started)
     return statistics.median(spooled), statistics.median(masked)
 

@@ -62,6 +62,15 @@ PORT_FORWARD = Channels(0, 0, (1,), port_prefixed=(0, 1))
 _PORT_PREFIX = 2
 
 
+def framed(head: bytes, data: bytes) -> bytes:
+    """`data` as the client's binary frames on the channel `head` names, each masked as
+    RFC 6455 requires of a client (websocket-client's masking, in Python)."""
+    return b"".join(
+        ABNF.create_frame(head + data[i : i + FRAME], ABNF.OPCODE_BINARY).format()
+        for i in range(0, len(data), FRAME)
+    )
+
+
 class WebSocketTransport:
     """The websocket after its handshake, driven by the thread that calls `recv`."""
 
@@ -94,7 +103,7 @@ class WebSocketTransport:
     # -- any thread --------------------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
-        frames = self._framed(data)
+        frames = framed(self._head, data)
         with self._cond:
             if self._shut or self._failed is not None:
                 raise OSError(f"the stream is {self._failed or 'shut'}")
@@ -142,7 +151,7 @@ class WebSocketTransport:
     def queue(self, data: bytes) -> None:
         """`data` for the outgoing channel, written while this thread reads (`exchange`):
         a peer that writes before it reads never waits on us, nor we on it."""
-        self._queue(self._framed(data))
+        self._queue(framed(self._head, data))
 
     def queue_close(self) -> None:
         """The outgoing channel's end (v5's CLOSE signal; v4 has none), after what is
@@ -195,12 +204,6 @@ class WebSocketTransport:
                 with contextlib.suppress(BlockingIOError):
                     while self._wake_r.recv(4096):
                         pass
-
-    def _framed(self, data: bytes) -> bytes:
-        return b"".join(
-            ABNF.create_frame(self._head + data[i : i + FRAME], ABNF.OPCODE_BINARY).format()
-            for i in range(0, len(data), FRAME)
-        )
 
     def _queue(self, frame: bytes) -> None:
         with self._cond:
