@@ -115,18 +115,18 @@ def baseline(
             left = int(deadline - time.monotonic())
             if left <= 0:
                 return
-            listed = core.list_namespaced_pod(namespace, label_selector=selector)
-            for pod in listed.items:
-                note(pod)
-            watching.set()
-            stream = watch.stream(
-                core.list_namespaced_pod,
-                namespace,
-                label_selector=selector,
-                resource_version=listed.metadata.resource_version,
-                timeout_seconds=left,
-            )
             with contextlib.suppress(ApiException):
+                listed = core.list_namespaced_pod(namespace, label_selector=selector)
+                for pod in listed.items:
+                    note(pod)
+                watching.set()
+                stream = watch.stream(
+                    core.list_namespaced_pod,
+                    namespace,
+                    label_selector=selector,
+                    resource_version=listed.metadata.resource_version,
+                    timeout_seconds=left,
+                )
                 for event in stream:
                     note(event["object"])
                     if len(ready) == pods:
@@ -155,7 +155,10 @@ def baseline(
 
     watcher = threading.Thread(target=observe, daemon=True)
     watcher.start()
-    watching.wait()
+    # Until the first list answered; a watcher that died (an error it does not retry) has
+    # nothing to wait for.
+    while not watching.wait(1) and watcher.is_alive():
+        pass
     try:
         with ThreadPoolExecutor(max_workers=workers or pods) as pool:
             list(pool.map(create, range(pods)))
