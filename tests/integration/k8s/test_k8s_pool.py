@@ -21,6 +21,7 @@ from anyio.abc import Process
 from corral import EnvironmentSession, ExecutionPlan, NetworkSchedule
 from corral.core.labels import OWNER, SESSION
 from corral.core.session import ExecRequest
+from corral.providers.k8s.channel import ChannelExecutor
 from corral.providers.k8s.execution import Target, run_exec
 from corral.providers.k8s.pod import BUSYBOX, CONTAINER, OPENED
 from corral.providers.k8s.pool import CLAIMED, IDLE_UNTIL, POOL, STATE
@@ -87,6 +88,11 @@ async def test_a_claimed_pod_serves_one_session_and_goes_with_it(
         session = await env.open(PLAN)
         claim_s = time.monotonic() - started
         try:
+            # The fill's probe copied corral's helper: the claim trusts that, not the Pod.
+            assert isinstance(session, KubernetesSession)
+            executor = session.executor
+            assert isinstance(executor, ChannelExecutor) and executor.copied
+            assert executor.channel is None, "the claim itself ran nothing through it"
             assert (pool.hits, pool.misses) == (1, 0)
             assert pod_of(session) == idle
             pod = read_pod(cluster, namespace, idle)
@@ -95,6 +101,7 @@ async def test_a_claimed_pod_serves_one_session_and_goes_with_it(
             assert pod.metadata.annotations[OPENED] == "true"
             assert session.policy.network_mode.value == "no-network"
             assert (await session.exec("echo ok")).stdout == "ok\n"
+            assert executor.unavailable is None and executor.channel is not None
             print(f"claim: {claim_s:.2f} s")
         finally:
             await env.close(session)

@@ -73,11 +73,13 @@ class ChannelExecutor(_ChannelExecutor):
     """Execs through a helper in the sandbox container; plain websocket exec where it
     cannot."""
 
-    def __init__(self, target: Target, sandbox_id: str) -> None:
+    def __init__(self, target: Target, sandbox_id: str, *, copied: bool = False) -> None:
         self.target = target
         self.plain = PlainExecutor(functools.partial(run_exec, target))
         super().__init__(self.plain, sandbox_id, log)
-        self._installed = False
+        #: the helper is in the programs volume: this executor, or this process's making
+        #: of the Pod (a warm pool's fill) before the workload could run, copied it there
+        self.copied = copied
 
     async def run(self, request: ExecRequest) -> ExecResult:
         try:
@@ -138,7 +140,7 @@ class ChannelExecutor(_ChannelExecutor):
     async def installed(self) -> str:
         """The path of corral's helper in the sandbox (the read-only programs volume),
         copied there once; ChannelUnavailable where this corral has none for the node."""
-        if not self._installed:
+        if not self.copied:
             arch = await self._arch()
             binary = helper_binary(arch)
             if binary is None:
@@ -147,7 +149,7 @@ class ChannelExecutor(_ChannelExecutor):
                     "(build it with helper/build.sh)"
                 )
             await self._copy(binary)
-            self._installed = True
+            self.copied = True
         return f"{PROGRAMS}/{_HELPER}"
 
     async def _start(self, token: EventLoopToken) -> Channel:

@@ -53,6 +53,7 @@ from corral.network.resolve import Resolution, hostnames
 from corral.network.targets import EntryType, IPAddress
 from corral.providers.k8s import enforcement, probe
 from corral.providers.k8s.api import Api, call, connect, explain, idempotent, status_of
+from corral.providers.k8s.channel import ChannelExecutor
 from corral.providers.k8s.config import KubernetesConfig
 from corral.providers.k8s.execution import Target, run_own
 from corral.providers.k8s.objects import Kind, Made, Objects, annotations_of, labels_of
@@ -312,7 +313,10 @@ class KubernetesEnvironment(BaseEnvironment):
             objects = await self.objects()
             idle = {"labels": {STATE: IDLE, IDLE_UNTIL: until}}
             pod = await objects.patch_pod(session.target.pod, idle)
-        return Ready(Pooled.of(pod), anyio.current_time() + pooling.max_idle_s)
+        # The probe's dial copied the helper (the gate still closed): a claim need not again.
+        copied = isinstance(session.executor, ChannelExecutor) and session.executor.copied
+        pooled = Pooled.of(pod, helper_copied=copied)
+        return Ready(pooled, anyio.current_time() + pooling.max_idle_s)
 
     async def _claim(
         self, pool: WarmPool, plan: ExecutionPlan, owned: AsyncExitStack
@@ -325,16 +329,20 @@ class KubernetesEnvironment(BaseEnvironment):
         key = pool_key(plan, image, self.config, await self._resolvers())
         lifetime = plan.timeouts.max_lifetime_s or self.config.default_lifetime_s
         terms = ClaimTerms(lifetime_s=lifetime, operation_s=plan.timeouts.operation_s)
-        pod = await pool.claim(key, terms, owned)
-        if pod is None:
+        claimed = await pool.claim(key, terms, owned)
+        if claimed is None:
             return None
-        session = self._session(await self.clients(), pod, NetworkPolicy.no_network())
+        session = self._session(
+            await self.clients(), claimed.pod, NetworkPolicy.no_network(), claimed.helper_copied
+        )
         owned.push_async_callback(session.executor.aclose)
         owned.push_async_callback(session.procs.aclose)
         await self._start(session, plan)
         return session
 
-    def _session(self, clients: Api, pod: Any, policy: NetworkPolicy) -> KubernetesSession:
+    def _session(
+        self, clients: Api, pod: Any, policy: NetworkPolicy, helper_copied: bool = False
+    ) -> KubernetesSession:
         """The session of a running sandbox Pod, built from what the API server says of it:
         one builder for open and attach, so an attached session is the one open made."""
         cfg = self.config
@@ -369,6 +377,7 @@ class KubernetesEnvironment(BaseEnvironment):
             snapshot_paths=cfg.snapshot_paths,
             snapshot_limits=cfg.snapshot_limits,
             exec_channel=cfg.exec_channel,
+            helper_copied=helper_copied,
             image=sandbox.image,
         )
         return session

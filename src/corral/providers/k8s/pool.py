@@ -179,13 +179,15 @@ class Pooled:
     resource_version: str
     started_at: float | None
     active_deadline_s: int | None
+    #: this process's fill copied corral's helper into the Pod's programs volume
+    helper_copied: bool = False
 
     def seen(self, pod: Any) -> None:
         """The Pod as listed again, still idle: a claim patches this version of it."""
         self.resource_version = pod.metadata.resource_version
 
     @classmethod
-    def of(cls, pod: Any) -> Pooled:
+    def of(cls, pod: Any, *, helper_copied: bool = False) -> Pooled:
         return cls(
             name=pod.metadata.name,
             session_id=labels_of(pod)[SESSION],
@@ -193,7 +195,16 @@ class Pooled:
             resource_version=pod.metadata.resource_version,
             started_at=_started_at(pod),
             active_deadline_s=pod.spec.active_deadline_seconds,
+            helper_copied=helper_copied,
         )
+
+
+class Claimed(NamedTuple):
+    """A pooled Pod claimed for good, and whether this process's fill put corral's helper
+    in it (a Pod of another process's pool: not known, so copied again)."""
+
+    pod: Any
+    helper_copied: bool
 
 
 class _Seen(NamedTuple):
@@ -295,7 +306,7 @@ class WarmPool(SlotPool[Pooled]):
         if self.size:
             tg.start_soon(self._watch, tg)
 
-    async def claim(self, key: str, terms: ClaimTerms, owned: AsyncExitStack) -> Any | None:
+    async def claim(self, key: str, terms: ClaimTerms, owned: AsyncExitStack) -> Claimed | None:
         """A running pooled Pod of `key`, claimed for good, its removal pushed onto `owned`;
         None when there is none to claim (the open goes cold)."""
         if not self._running() or key not in self._plans:
@@ -320,14 +331,14 @@ class WarmPool(SlotPool[Pooled]):
                 ready.taken.set()  # ours now, or another claimer's, or gone: refill
             if pod is not None:
                 self.hits += 1
-                return pod
+                return Claimed(pod, record.helper_copied)
         for found in await self._listed(key):
             if found.metadata.name in tried:
                 continue
             pod, _ = await self._claim_one(found.metadata.name, _Seen.of(found), terms, owned)
             if pod is not None:
                 self.hits += 1
-                return pod
+                return Claimed(pod, helper_copied=False)
         self.misses += 1
         return None
 

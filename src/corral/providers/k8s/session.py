@@ -140,6 +140,7 @@ class KubernetesSession(EnvironmentSession):
         snapshot_paths: tuple[str, ...] | None,
         snapshot_limits: TreeLimits,
         exec_channel: bool = True,
+        helper_copied: bool = False,
         image: str = "",
     ) -> None:
         super().__init__(id=id, policy=policy, image=image, services=tuple(service_places))
@@ -147,7 +148,7 @@ class KubernetesSession(EnvironmentSession):
         #: how the sandbox container's execs run: one helper reached over one websocket
         #: (`channel.py`), or one websocket exec each; services always the latter
         self.executor: Executor = (
-            ChannelExecutor(target, id)
+            ChannelExecutor(target, id, copied=helper_copied)
             if exec_channel
             else PlainExecutor(functools.partial(run_exec, target))
         )
