@@ -8,6 +8,7 @@ directory; the policy covers them all, as it selects the Pod.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import posixpath
 import tarfile
@@ -381,10 +382,6 @@ class KubernetesSession(EnvironmentSession):
     async def _download_dir(self, remote_dir: str, local_dir: Path, service: str | None) -> None:
         place = self._place(service)
         source = self._absolute(remote_dir, place.workdir)
-        check = place.script('[ -d "$1" ] || exit 44', source)
-        probe = await self._plain(place, check)
-        if probe.returncode == MISSING:
-            raise RemotePathNotFound(remote_dir)
         statuses: list[str] = []
 
         def extract(stop: threading.Event) -> None:
@@ -392,8 +389,14 @@ class KubernetesSession(EnvironmentSession):
             # replaces); what was already unpacked under `local_dir` stays.
             execution = ExecStream(place.target, place.script(_TAR, source), stop=stop)
             frames = iter(execution)
+            chunks = (data for name, data in frames if name == "stdout")
+            # The script's own test of the path, read before anything is made locally: one
+            # exec where a separate check took two.
+            first = next(chunks, None)
+            if first is None and exit_code(execution.status) == MISSING:
+                raise RemotePathNotFound(remote_dir)
             try:
-                extract_tar((data for name, data in frames if name == "stdout"), local_dir)
+                extract_tar(itertools.chain([first or b""], chunks), local_dir)
             except tarfile.TarError as exc:
                 # What the Pod's tar printed (its to replace) is not an archive, or ended early.
                 raise ProviderError(
