@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 from docker.types import IPAMConfig, IPAMPool
@@ -28,13 +28,33 @@ FLAT = 1.2
 RAW_SUBNET = "10.212.0.0/20"
 
 
-async def _corral_curve(ctx: Context, live: int) -> tuple[list[float], float, str]:
-    """Open times by live count, seconds to close them all, and the first failure."""
+class _CorralCurve(NamedTuple):
+    opens: list[float]
+    #: docker-py's three objects made beside the first and the last `band` live sessions
+    beside: tuple[list[float], list[float]]
+    closed: float
+    failure: str
+
+
+def _beside(api: Any) -> float:
+    """docker-py's three objects made (timed), then removed."""
+    started = time.perf_counter()
+    network, containers = make_objects(api)
+    made = time.perf_counter() - started
+    remove_objects(api, network, containers)
+    return made
+
+
+async def _corral_curve(ctx: Context, live: int, band: int) -> _CorralCurve:
+    """Open times by live count, docker-py's three objects made beside the first and last
+    `band` of them (what the engine asks of any open under corral's live sessions, their
+    streams and rules included), seconds to close them all, and the first failure."""
     opens: list[float] = []
+    beside: tuple[list[float], list[float]] = ([], [])
     sessions: list[EnvironmentSession] = []
     failure = ""
     try:
-        for _ in range(live):
+        for n in range(live):
             started = time.perf_counter()
             try:
                 sessions.append(await ctx.env.open(ctx.plan("no-network")))
@@ -42,13 +62,15 @@ async def _corral_curve(ctx: Context, live: int) -> tuple[list[float], float, st
                 failure = f"open {len(opens) + 1} failed: {exc!r}"[:300]
                 break
             opens.append(time.perf_counter() - started)
+            if n < band or n >= live - band:
+                beside[n >= band].append(await anyio.to_thread.run_sync(_beside, ctx.raw))
     finally:
         started = time.perf_counter()
         async with anyio.create_task_group() as tg:
             for session in sessions:
                 tg.start_soon(ctx.env.close, session)
         closed = time.perf_counter() - started
-    return opens, closed, failure
+    return _CorralCurve(opens, beside, closed, failure)
 
 
 def _raw_curve(api: Any, live: int) -> list[float]:
@@ -116,7 +138,8 @@ def draw(curves: dict[str, list[float]], path: Path) -> None:
 
 async def run(ctx: Context) -> list[Row]:
     live = ctx.reps(LIVE, minimum=30)
-    corral, closed, failure = await _corral_curve(ctx, live)
+    band = max(1, live // TENTH)
+    corral, beside, closed, failure = await _corral_curve(ctx, live, band)
     leaked = ctx.leaks()
     await ctx.reset()
     floor = await anyio.to_thread.run_sync(_floor_curve, ctx.raw, live)
@@ -128,7 +151,6 @@ async def run(ctx: Context) -> list[Row]:
         "docker-py create+start": raw,
     }
     draw(curves, ctx.results / "scale.png")
-    band = max(1, len(corral) // TENTH)
 
     def ends(opens: list[float]) -> tuple[Summary, Summary]:
         return summarize(opens[:band]), summarize(opens[-band:])
@@ -137,6 +159,20 @@ async def run(ctx: Context) -> list[Row]:
     floor_first, floor_last = ends(floor)
     raw_first, raw_last = ends(raw)
     late = f"{len(corral) - band + 1}-{len(corral)} sessions live"
+    near = [summarize(made) for made in beside if made]
+    grown = f"{near[1].median / near[0].median:.2f}x" if len(near) == 2 else "-"
+    beside_rows = (
+        [
+            Row(
+                f"docker-py network + holder + sandbox made beside corral's {late}",
+                near[1],
+                f"the same beside 1-{band} of corral's",
+                near[0],
+            )
+        ]
+        if len(near) == 2
+        else []
+    )
     return [
         Row(
             f"open with {late}",
@@ -146,8 +182,8 @@ async def run(ctx: Context) -> list[Row]:
             target=f"p50 ≤ {FLAT}x (flat)",
             met=ratio_at_most(last, first, FLAT),
             note=f"scale.png; floor: docker-py's three objects grow "
-            f"{floor_last.median / floor_first.median:.2f}x, "
-            f"create+start {raw_last.median / raw_first.median:.2f}x",
+            f"{floor_last.median / floor_first.median:.2f}x among their own and {grown} "
+            f"beside corral's sessions, create+start {raw_last.median / raw_first.median:.2f}x",
         ),
         Row(
             f"docker-py network + holder + sandbox with {late}",
@@ -161,6 +197,7 @@ async def run(ctx: Context) -> list[Row]:
             f"the same with 1-{band} live",
             raw_first,
         ),
+        *beside_rows,
         Row(
             f"{live} live sessions: failed opens",
             summarize([float(live - len(corral))]),
