@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -16,6 +17,7 @@ import anyio
 import docker
 
 from bench.cases.docker_exec import corral_exec, raw_exec
+from bench.cases.docker_open import make_objects, remove_objects
 from bench.context import RAW, TEST_IMAGE, Context, timed
 from bench.lag import HostLag, LagMonitor
 from bench.report import Row, ratio_at_most
@@ -30,25 +32,38 @@ LAG_TARGET_S = 0.050
 RAW_TIMEOUT_S = 600
 
 
-def _raw_session(api: Any, opens: list[float]) -> None:
-    started = time.perf_counter()
+#: Makes one session's objects, started: (networks, containers), the last one exec'd into.
+Make = Callable[[Any], tuple[list[str], list[str]]]
+
+
+def _one_container(api: Any) -> tuple[list[str], list[str]]:
     container = api.create_container(TEST_IMAGE, ["sleep", "infinity"], labels={RAW: "1"})["Id"]
     try:
         api.start(container)
+    except BaseException:
+        remove_objects(api, [], [container])
+        raise
+    return [], [container]
+
+
+def _raw_session(api: Any, opens: list[float], make: Make) -> None:
+    started = time.perf_counter()
+    networks, containers = make(api)
+    try:
         opens.append(time.perf_counter() - started)
         for _ in range(EXECS):
-            raw_exec(api, container, ["true"])
+            raw_exec(api, containers[-1], ["true"])
     finally:
-        api.remove_container(container, force=True, v=True)
+        remove_objects(api, networks, containers)
 
 
-def _raw_all(sessions: int, opens: list[float]) -> int:
+def _raw_all(sessions: int, opens: list[float], make: Make = _one_container) -> int:
     """A client with a connection per thread, as corral's (max_pool_size=max_workers), and
     a timeout long enough for a saturated engine; returns how many sessions failed."""
     api: Any = docker.APIClient(max_pool_size=sessions, timeout=RAW_TIMEOUT_S)
     try:
         with ThreadPoolExecutor(sessions) as pool:
-            futures = [pool.submit(_raw_session, api, opens) for _ in range(sessions)]
+            futures = [pool.submit(_raw_session, api, opens, make) for _ in range(sessions)]
             return sum(future.exception() is not None for future in futures)
     finally:
         api.close()
@@ -74,15 +89,18 @@ async def _all_sessions(
 
 
 async def run(ctx: Context) -> list[Row]:
-    rows = await _rows(ctx, SESSIONS, ctx.reps(3, minimum=1))
+    # The design's floor (a network and holder per session) in full runs only: --quick
+    # stays under its ten minutes.
+    rows = await _rows(ctx, SESSIONS, ctx.reps(3, minimum=1), floor=ctx.scale >= 1)
     if ctx.scale >= 1:
         rows += await _rows(ctx, MANY, 1)
     return rows
 
 
-async def _rows(ctx: Context, sessions: int, rounds: int) -> list[Row]:
+async def _rows(ctx: Context, sessions: int, rounds: int, *, floor: bool = False) -> list[Row]:
     walls: list[float] = []
     raw_walls: list[float] = []
+    floor_walls: list[float] = []
     failures: list[float] = []
     leaks: list[float] = []
     lags: list[float] = []
@@ -111,9 +129,29 @@ async def _rows(ctx: Context, sessions: int, rounds: int) -> list[Row]:
         raw_failures += _raw_all(sessions, raw_opens)
         raw_walls.append(time.perf_counter() - started)
         await ctx.reset()
+        if floor:
+            started = time.perf_counter()
+            raw_failures += _raw_all(sessions, [], make_objects)
+            floor_walls.append(time.perf_counter() - started)
+            await ctx.reset()
     failed_none, no_leaks = not any(failures), not any(leaks)
     label = f"{sessions} sessions x (open, {EXECS} execs, close)"
     baseline = f"docker-py, {sessions} threads"
+    floor_rows: list[Row] = []
+    floor_note = ""
+    if floor_walls:
+        floor_s = summarize(floor_walls)
+        floor_rows.append(
+            Row(
+                f"{label}: wall",
+                summarize(walls),
+                f"{baseline}, corral's three objects each, no rules (the design's floor)",
+                floor_s,
+            )
+        )
+        ratio = floor_s.median / summarize(raw_walls).median
+        floor_note = f"floor: docker-py's sessions of corral's three objects are {ratio:.2f}x"
+    failed_raw = f"{raw_failures} docker-py sessions failed" if raw_failures else ""
     return [
         Row(
             f"{label}: wall",
@@ -122,8 +160,9 @@ async def _rows(ctx: Context, sessions: int, rounds: int) -> list[Row]:
             summarize(raw_walls),
             target=f"≤ {WALL_TARGET}x",
             met=ratio_at_most(summarize(walls), summarize(raw_walls), WALL_TARGET),
-            note=f"{raw_failures} docker-py sessions failed" if raw_failures else "",
+            note="; ".join(n for n in (floor_note, failed_raw) if n),
         ),
+        *floor_rows,
         Row(
             f"{label}: open",
             summarize(opens or [0.0]),
