@@ -1,9 +1,15 @@
-"""upload_dir and download_dir of 2,000 files / 50 MB vs `docker cp`, same sandbox."""
+"""upload_dir and download_dir of 2,000 files / 50 MB vs `docker cp`, same sandbox; and
+the floor of a download extracted in Python: `tarfile` on the same endpoint's archive."""
 
 from __future__ import annotations
 
+import io
 import shutil
 import subprocess
+import tarfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
 
 from bench.context import Context, timed, timed_sync
 from bench.report import Row
@@ -18,10 +24,45 @@ def _docker_cp(source: str, dest: str) -> None:
     subprocess.run(["docker", "cp", source, dest], check=True, capture_output=True)
 
 
+class _Chunks(io.RawIOBase):
+    """The engine's archive, as the file `tarfile` reads a stream from."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks: Iterator[bytes] = iter(chunks)
+        self._left = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._left:
+            self._left = next(self._chunks, b"")
+            if not self._left:
+                return 0
+        size = min(len(buffer), len(self._left))
+        buffer[:size] = self._left[:size]
+        self._left = self._left[size:]
+        return size
+
+
+def _tarfile_down(api: Any, container: str, dest: Path) -> None:
+    """Python's own `tarfile` extracting what download_dir reads (its `data` filter, none
+    of corral's checks or staging)."""
+    chunks, _ = api.get_archive(container, "/tmp/src/.")
+    with tarfile.open(fileobj=_Chunks(chunks), mode="r|") as archive:
+        archive.extractall(dest, filter="data")
+
+
 async def run(ctx: Context) -> list[Row]:
     tree = workspace_tree(ctx)
     down = ctx.workspace / "down"
-    samples: dict[str, list[float]] = {"up": [], "up-cp": [], "down": [], "down-cp": []}
+    samples: dict[str, list[float]] = {
+        "up": [],
+        "up-cp": [],
+        "down": [],
+        "down-cp": [],
+        "down-tarfile": [],
+    }
     async with ctx.env.session(ctx.plan()) as session:
         assert isinstance(session, DockerSession)
         box = session.sandbox
@@ -40,12 +81,18 @@ async def run(ctx: Context) -> list[Row]:
             down.mkdir()
             taken["down-cp"] = timed_sync(lambda: _docker_cp(f"{box}:/tmp/src/.", str(down)))
             shutil.rmtree(down, ignore_errors=True)
+            taken["down-tarfile"] = timed_sync(lambda: _tarfile_down(ctx.raw, box, down))
+            shutil.rmtree(down, ignore_errors=True)
             if rep >= WARMUP:
                 for key, value in taken.items():
                     samples[key].append(value)
     rows: list[Row] = []
     for way, name in (("up", "upload_dir"), ("down", "download_dir")):
         mine, theirs = summarize(samples[way]), summarize(samples[f"{way}-cp"])
+        note = f"{throughput(mine)} vs {throughput(theirs)}"
+        if way == "down":
+            floor = summarize(samples["down-tarfile"]).median / theirs.median
+            note += f"; floor: Python's `tarfile` extracting the same archive {floor:.2f}x"
         rows.append(
             Row(
                 f"{name} {LABEL}",
@@ -54,7 +101,7 @@ async def run(ctx: Context) -> list[Row]:
                 theirs,
                 target="throughput ≥ 1.0x (p50 time ≤ 1.0x)",
                 met=mine.median <= theirs.median,
-                note=f"{throughput(mine)} vs {throughput(theirs)}",
+                note=note,
             )
         )
     return rows
