@@ -1,10 +1,15 @@
 """The directory tree the transfer cases move (Docker and Kubernetes alike): 2,000 files,
-50 MB, made once per run in the run's workspace."""
+50 MB, made once per run in the run's workspace; and the floor of a download extracted in
+Python, which both cases time."""
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from bench.context import Context
 from bench.stats import Summary
@@ -35,3 +40,31 @@ def workspace_tree(ctx: Context) -> Path:
 
 def throughput(summary: Summary) -> str:
     return f"{TOTAL_BYTES / summary.median / 1e6:.0f} MB/s"
+
+
+class _Chunks(io.RawIOBase):
+    """An archive arriving in chunks, as the file `tarfile` reads a stream from."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks: Iterator[bytes] = iter(chunks)
+        self._left = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._left:
+            self._left = next(self._chunks, b"")
+            if not self._left:
+                return 0
+        size = min(len(buffer), len(self._left))
+        buffer[:size] = self._left[:size]
+        self._left = self._left[size:]
+        return size
+
+
+def tarfile_extract(chunks: Iterable[bytes], dest: Path) -> None:
+    """Python's own `tarfile` extracting a download's archive (its `data` filter; none of
+    corral's checks or staging): the floor of extracting in Python."""
+    with tarfile.open(fileobj=_Chunks(chunks), mode="r|") as archive:
+        archive.extractall(dest, filter="data")

@@ -3,18 +3,15 @@ the floor of a download extracted in Python: `tarfile` on the same endpoint's ar
 
 from __future__ import annotations
 
-import io
 import shutil
 import subprocess
-import tarfile
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.context import Context, timed, timed_sync
 from bench.report import Row
 from bench.stats import summarize
-from bench.tree import LABEL, throughput, workspace_tree
+from bench.tree import LABEL, tarfile_extract, throughput, workspace_tree
 from corral.providers.docker.session import DockerSession
 
 WARMUP = 1
@@ -24,33 +21,10 @@ def _docker_cp(source: str, dest: str) -> None:
     subprocess.run(["docker", "cp", source, dest], check=True, capture_output=True)
 
 
-class _Chunks(io.RawIOBase):
-    """The engine's archive, as the file `tarfile` reads a stream from."""
-
-    def __init__(self, chunks: Iterable[bytes]) -> None:
-        self._chunks: Iterator[bytes] = iter(chunks)
-        self._left = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._left:
-            self._left = next(self._chunks, b"")
-            if not self._left:
-                return 0
-        size = min(len(buffer), len(self._left))
-        buffer[:size] = self._left[:size]
-        self._left = self._left[size:]
-        return size
-
-
 def _tarfile_down(api: Any, container: str, dest: Path) -> None:
-    """Python's own `tarfile` extracting what download_dir reads (its `data` filter, none
-    of corral's checks or staging)."""
+    """Python's own `tarfile` extracting what download_dir reads, from the same endpoint."""
     chunks, _ = api.get_archive(container, "/tmp/src/.")
-    with tarfile.open(fileobj=_Chunks(chunks), mode="r|") as archive:
-        archive.extractall(dest, filter="data")
+    tarfile_extract(chunks, dest)
 
 
 async def run(ctx: Context) -> list[Row]:

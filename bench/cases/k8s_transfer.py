@@ -20,11 +20,12 @@ import anyio
 from bench.context import Context, timed, timed_sync
 from bench.report import Row
 from bench.stats import summarize
-from bench.tree import FILES, LABEL, throughput, workspace_tree
+from bench.tree import FILES, LABEL, tarfile_extract, throughput, workspace_tree
 from corral import ExecutionPlan
 from corral.core.tarsafe import pack_dir
 from corral.providers.k8s import KubernetesEnvironment
-from corral.providers.k8s.pod import CONTAINER
+from corral.providers.k8s.execution import ExecStream
+from corral.providers.k8s.pod import CONTAINER, corral_sh
 from corral.providers.k8s.session import KubernetesSession
 from corral.providers.k8s.websocket import FRAME, framed
 
@@ -34,6 +35,14 @@ TARGET = "throughput ≥ 1.0x (p50 time ≤ 1.0x)"
 
 def _kubectl_cp(base: list[str], source: str, dest: str) -> None:
     subprocess.run([*base, "cp", "-c", CONTAINER, source, dest], check=True, capture_output=True)
+
+
+def _tarfile_down(session: KubernetesSession, dest: Path) -> None:
+    """Python's own `tarfile` extracting the Pod's archive of the tree, read through the
+    same websocket exec as download_dir's (corral's busybox `tar`)."""
+    argv = corral_sh('cd "$1" && exec tar -c -f - .', "/tmp/src")
+    execution = ExecStream(session.target, argv)
+    tarfile_extract((data for name, data in execution if name == "stdout"), dest)
 
 
 def _upload_pieces(tree: Path, reps: int = 3) -> tuple[float, float]:
@@ -68,12 +77,22 @@ async def transfer_rows(
     """`base` is kubectl's argv up to the verb (kubeconfig and namespace given)."""
     tree = workspace_tree(ctx)
     down = ctx.workspace / "k8s-down"
-    samples: dict[str, list[float]] = {"up": [], "up-cp": [], "down": [], "down-cp": []}
+    samples: dict[str, list[float]] = {
+        "up": [],
+        "up-cp": [],
+        "down": [],
+        "down-cp": [],
+        "down-tarfile": [],
+    }
     errors: list[BaseException] = []
     async with env.session(plan) as session:
         assert isinstance(session, KubernetesSession)
         pod = session.target.pod
         await session.upload_dir(tree, "/tmp/src")
+
+        async def extract() -> None:
+            await anyio.to_thread.run_sync(_tarfile_down, session, down)
+
         for rep in range(WARMUP + ctx.reps(7)):
             await session.exec(["rm", "-rf", "/tmp/up", "/tmp/up-cp"])
             taken = {"up": await timed(lambda: session.upload_dir(tree, "/tmp/up"))}
@@ -86,6 +105,8 @@ async def transfer_rows(
             shutil.rmtree(down, ignore_errors=True)
             taken["down-cp"] = timed_sync(lambda: _kubectl_cp(base, f"{pod}:/tmp/src", str(down)))
             landed = sum(1 for p in down.rglob("*") if p.is_file())
+            shutil.rmtree(down, ignore_errors=True)
+            taken["down-tarfile"] = await timed(extract)
             shutil.rmtree(down, ignore_errors=True)
             if rep < WARMUP:
                 # Both ways, both tools: the whole tree, at the root asked for.
@@ -107,6 +128,12 @@ async def transfer_rows(
                 f"; of it, packing the tree into the spool {spool_s:.2f} s and the client's "
                 f"websocket masking in Python {mask_s:.2f} s, timed alone: the rest "
                 f"{rest:.2f} s = {rest / theirs.median:.2f}x `kubectl cp`"
+            )
+        if mine and way == "down":
+            floor = summarize(samples["down-tarfile"]).median / theirs.median
+            note += (
+                f"; floor: Python's `tarfile` extracting the same archive through the same "
+                f"exec {floor:.2f}x"
             )
         failed = errors if way == "down" else []
         if failed:
