@@ -290,7 +290,7 @@ async def _pool_rows(ctx: Context, env: KubernetesEnvironment) -> list[Row]:
         claims: list[float] = []
         probes: list[float] = []
         async with env.warm_pool(plan, size_per_key=1) as pool:
-            for _ in range(ctx.reps(8, minimum=5)):
+            for _ in range(ctx.reps(8)):
                 await pool.ready()
                 started = time.perf_counter()
                 cold = await cold_env.open(plan)
