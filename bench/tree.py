@@ -19,6 +19,9 @@ TOTAL_BYTES = 50 * 1000 * 1000
 PER_DIR = 100
 #: How the transfer rows name the tree.
 LABEL = "2,000 files / 50 MB"
+#: What each transfer case times per repetition: corral and the CLI each way, and the
+#: floor of a download extracted in Python.
+SAMPLES = ("up", "up-cp", "down", "down-cp", "down-tarfile")
 
 
 def make_tree(root: Path) -> None:

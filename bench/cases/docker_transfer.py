@@ -11,7 +11,7 @@ from typing import Any
 from bench.context import Context, timed, timed_sync
 from bench.report import Row
 from bench.stats import summarize
-from bench.tree import LABEL, tarfile_extract, throughput, workspace_tree
+from bench.tree import LABEL, SAMPLES, tarfile_extract, throughput, workspace_tree
 from corral.providers.docker.session import DockerSession
 
 WARMUP = 1
@@ -30,13 +30,7 @@ def _tarfile_down(api: Any, container: str, dest: Path) -> None:
 async def run(ctx: Context) -> list[Row]:
     tree = workspace_tree(ctx)
     down = ctx.workspace / "down"
-    samples: dict[str, list[float]] = {
-        "up": [],
-        "up-cp": [],
-        "down": [],
-        "down-cp": [],
-        "down-tarfile": [],
-    }
+    samples: dict[str, list[float]] = {key: [] for key in SAMPLES}
     async with ctx.env.session(ctx.plan()) as session:
         assert isinstance(session, DockerSession)
         box = session.sandbox

@@ -20,7 +20,7 @@ import anyio
 from bench.context import Context, timed, timed_sync
 from bench.report import Row
 from bench.stats import summarize
-from bench.tree import FILES, LABEL, tarfile_extract, throughput, workspace_tree
+from bench.tree import FILES, LABEL, SAMPLES, tarfile_extract, throughput, workspace_tree
 from corral import ExecutionPlan
 from corral.core.tarsafe import pack_dir
 from corral.providers.k8s import KubernetesEnvironment
@@ -77,13 +77,7 @@ async def transfer_rows(
     """`base` is kubectl's argv up to the verb (kubeconfig and namespace given)."""
     tree = workspace_tree(ctx)
     down = ctx.workspace / "k8s-down"
-    samples: dict[str, list[float]] = {
-        "up": [],
-        "up-cp": [],
-        "down": [],
-        "down-cp": [],
-        "down-tarfile": [],
-    }
+    samples: dict[str, list[float]] = {key: [] for key in SAMPLES}
     errors: list[BaseException] = []
     async with env.session(plan) as session:
         assert isinstance(session, KubernetesSession)
