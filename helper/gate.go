@@ -10,15 +10,20 @@
 //     [a-z0-9_-] labels, or an encrypted_client_hello extension (the real name hidden
 //     behind the outer one) is refused. After the hello the bytes are opaque: a Host
 //     inside TLS is not seen (domain fronting over TLS is the server's to refuse).
-//   - 80: every HTTP/1.x request on the connection, each parsed strictly (CRLF line ends,
-//     exactly one Host, an absolute-form target's host checked too, Content-Length or
-//     chunked framing followed to the next request), so a second request cannot front a
-//     name the first did not. CONNECT, HTTP/2 prior knowledge and anything unparsable
-//     close the connection. An Upgrade request (a websocket; never h2c) must be the first
-//     on its connection; the bytes go opaque only when the server answered 101.
+//   - 80: one HTTP/1.x request per connection, its head parsed strictly in one pass
+//     (CRLF line ends and nowhere else a CR, LF, NUL or other control byte, no folded
+//     lines, tokens for names, exactly one Host, an absolute-form target's host checked
+//     too, one framing), and sent on with the client's Connection header replaced by
+//     `Connection: close`: a server that reads bytes the gate took for a body (or
+//     anything after the request) as another request would let that one front a name;
+//     told to close, it reads no other. Bytes the client sends after the request (a
+//     pipelined one) close the connection. CONNECT, HTTP/2 prior knowledge and anything
+//     unparsable close it too. An Upgrade request (a websocket; never h2c) has no body and
+//     keeps its Connection header; the bytes go opaque only when the server answered 101.
 //
-// Every byte the sandbox sends is hostile: reads are bounded, and a refused or failed
-// connection is closed with nothing sent upstream.
+// Every byte the sandbox sends is hostile: reads are bounded (a head in bytes, per line
+// and in all, and in time), and a refused or failed connection is closed with nothing
+// sent upstream.
 package main
 
 import (
@@ -268,13 +273,19 @@ func splice(client net.Conn, fromClient io.Reader, up net.Conn, fromUp io.Reader
 	end()
 }
 
-// httpRequest: one request head as sent, with what the gate decides by.
+// httpRequest: one request head as the gate sends it on, with what it decides by.
 type httpRequest struct {
 	head    []byte
 	hosts   []string
 	length  int64 // -1: none
 	chunked bool
 	upgrade bool
+	// while parsing: the Host fields, Content-Length values, Connection lines and the
+	// other lines, as sent
+	hostFields int
+	lengths    []string
+	connection [][]byte
+	fields     [][]byte
 }
 
 // readLine: one line ending in CRLF (a bare LF is refused: smuggling lives there).
@@ -305,25 +316,49 @@ func isToken(s string) bool {
 	return true
 }
 
-func readRequest(br *bufio.Reader) (*httpRequest, error) {
-	req := &httpRequest{length: -1}
-	line, err := readLine(br, maxLine)
-	if err != nil {
-		return nil, err
+// fieldText: whether s holds only what a field value may (RFC 9110 §5.5: visible ASCII,
+// SP, HTAB, obs-text). A bare CR, a NUL or another control byte is refused, not
+// replaced: a server that ends a line at a bare CR would read a field the gate never saw.
+func fieldText(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
 	}
-	req.head = append(req.head, line...)
+	return true
+}
+
+// fieldLine: a header or trailer line's name, lowercased, and its value, trimmed. The
+// name is a token: no space before the colon, no folded line (one starting with SP).
+func fieldLine(line []byte) (string, string, error) {
+	text := string(line[:len(line)-2])
+	colon := strings.IndexByte(text, ':')
+	if colon <= 0 || !isToken(text[:colon]) || !fieldText(text[colon+1:]) {
+		return "", "", errors.New("a malformed header line")
+	}
+	return strings.ToLower(text[:colon]), strings.Trim(text[colon+1:], " \t"), nil
+}
+
+// requestLine: the request line's version, its absolute-form host taken into req.hosts.
+func (req *httpRequest) requestLine(line []byte) (string, error) {
 	parts := strings.Split(string(line[:len(line)-2]), " ")
 	if len(parts) != 3 || !isToken(parts[0]) || parts[1] == "" ||
 		(parts[2] != "HTTP/1.1" && parts[2] != "HTTP/1.0") {
-		return nil, errors.New("not an HTTP/1.x request line")
+		return "", errors.New("not an HTTP/1.x request line")
+	}
+	target := parts[1]
+	for i := 0; i < len(target); i++ {
+		if target[i] <= ' ' || target[i] >= 0x7f {
+			return "", errors.New("a request target with a control byte or space")
+		}
 	}
 	if parts[0] == "CONNECT" {
-		return nil, errors.New("CONNECT")
+		return "", errors.New("CONNECT")
 	}
-	if target := parts[1]; !strings.HasPrefix(target, "/") && target != "*" {
+	if !strings.HasPrefix(target, "/") && target != "*" {
 		lower := strings.ToLower(target)
 		if !strings.HasPrefix(lower, "http://") {
-			return nil, errors.New("a request target neither origin- nor http absolute-form")
+			return "", errors.New("a request target neither origin- nor http absolute-form")
 		}
 		authority := target[len("http://"):]
 		if i := strings.IndexAny(authority, "/?#"); i >= 0 {
@@ -331,57 +366,101 @@ func readRequest(br *bufio.Reader) (*httpRequest, error) {
 		}
 		req.hosts = append(req.hosts, authority)
 	}
-	hostHeaders, lengths := 0, []string{}
-	for {
+	return parts[2], nil
+}
+
+// field: one header line, noted; the lines sent on are kept apart from Connection's.
+func (req *httpRequest) field(line []byte) error {
+	name, value, err := fieldLine(line)
+	if err != nil {
+		return err
+	}
+	switch name {
+	case "host":
+		req.hostFields++
+		req.hosts = append(req.hosts, value)
+	case "content-length":
+		req.lengths = append(req.lengths, value)
+	case "transfer-encoding":
+		if !strings.EqualFold(value, "chunked") || req.chunked {
+			return fmt.Errorf("transfer-encoding %q", value)
+		}
+		req.chunked = true
+	case "upgrade":
+		// h2c would carry later requests (and their :authority) out of sight
+		if strings.Contains(strings.ToLower(value), "h2c") {
+			return errors.New("an upgrade to h2c")
+		}
+		req.upgrade = true
+	case "connection":
+		req.connection = append(req.connection, line)
+		return nil
+	}
+	req.fields = append(req.fields, line)
+	return nil
+}
+
+// framing: the one framing of the body, or an error where a server could see another.
+func (req *httpRequest) framing(version string) error {
+	if req.hostFields != 1 {
+		return fmt.Errorf("%d Host headers", req.hostFields)
+	}
+	if req.chunked && len(req.lengths) > 0 {
+		return errors.New("both chunked and Content-Length")
+	}
+	if req.chunked && version == "HTTP/1.0" { // RFC 9112 §6.1: faulty framing
+		return errors.New("chunked in HTTP/1.0")
+	}
+	for _, value := range req.lengths {
+		n, err := strconv.ParseInt(value, 10, 64)
+		if err != nil || n < 0 || value[0] == '+' || (req.length >= 0 && n != req.length) {
+			return fmt.Errorf("content-length %q", value)
+		}
+		req.length = n
+	}
+	if req.upgrade && (req.chunked || req.length > 0) {
+		return errors.New("an Upgrade request with a body")
+	}
+	return nil
+}
+
+// readRequest: one request head, read in one pass within maxHead bytes, and the head to
+// send on: an Upgrade's as sent, any other's with `Connection: close` for its
+// Connection lines.
+func readRequest(br *bufio.Reader) (*httpRequest, error) {
+	req := &httpRequest{length: -1}
+	first, err := readLine(br, maxLine)
+	if err != nil {
+		return nil, err
+	}
+	version, err := req.requestLine(first)
+	if err != nil {
+		return nil, err
+	}
+	for size := len(first); ; {
 		line, err := readLine(br, maxLine)
 		if err != nil {
 			return nil, err
 		}
-		req.head = append(req.head, line...)
-		if len(req.head) > maxHead {
+		if size += len(line); size > maxHead {
 			return nil, errors.New("request head too large")
 		}
 		if len(line) == 2 {
 			break
 		}
-		text := string(line[:len(line)-2])
-		colon := strings.IndexByte(text, ':')
-		if colon <= 0 || !isToken(text[:colon]) {
-			return nil, errors.New("a malformed header line")
-		}
-		name, value := strings.ToLower(text[:colon]), strings.Trim(text[colon+1:], " \t")
-		switch name {
-		case "host":
-			hostHeaders++
-			req.hosts = append(req.hosts, value)
-		case "content-length":
-			lengths = append(lengths, value)
-		case "transfer-encoding":
-			if !strings.EqualFold(value, "chunked") || req.chunked {
-				return nil, fmt.Errorf("transfer-encoding %q", value)
-			}
-			req.chunked = true
-		case "upgrade":
-			// h2c would carry later requests (and their :authority) out of sight
-			if strings.Contains(strings.ToLower(value), "h2c") {
-				return nil, errors.New("an upgrade to h2c")
-			}
-			req.upgrade = true
+		if err := req.field(line); err != nil {
+			return nil, err
 		}
 	}
-	if hostHeaders != 1 {
-		return nil, fmt.Errorf("%d Host headers", hostHeaders)
+	if err := req.framing(version); err != nil {
+		return nil, err
 	}
-	if req.chunked && len(lengths) > 0 {
-		return nil, errors.New("both chunked and Content-Length")
+	connection := [][]byte{[]byte("Connection: close\r\n")}
+	if req.upgrade {
+		connection = req.connection
 	}
-	for _, value := range lengths {
-		n, err := strconv.ParseInt(value, 10, 64)
-		if err != nil || n < 0 || value[0] == '+' || (req.length >= 0 && n != req.length) {
-			return nil, fmt.Errorf("content-length %q", value)
-		}
-		req.length = n
-	}
+	parts := append(append([][]byte{first}, req.fields...), connection...)
+	req.head = bytes.Join(append(parts, []byte("\r\n")), nil)
 	return req, nil
 }
 
@@ -414,32 +493,17 @@ func copyBody(br *bufio.Reader, up io.Writer, req *httpRequest) error {
 		if err != nil {
 			return err
 		}
+		size, err := chunkLine(line)
+		if err != nil {
+			return err
+		}
 		if _, err := up.Write(line); err != nil {
 			return err
 		}
-		digits := string(line[:len(line)-2])
-		if i := strings.IndexByte(digits, ';'); i >= 0 {
-			digits = digits[:i]
-		}
-		size, err := strconv.ParseUint(digits, 16, 62)
-		if err != nil || digits == "" {
-			return fmt.Errorf("chunk size %q", digits)
-		}
 		if size == 0 {
-			for { // trailers, up to the empty line
-				line, err := readLine(br, maxLine)
-				if err != nil {
-					return err
-				}
-				if _, err := up.Write(line); err != nil {
-					return err
-				}
-				if len(line) == 2 {
-					return nil
-				}
-			}
+			return copyTrailers(br, up)
 		}
-		if _, err := io.CopyN(up, br, int64(size)); err != nil {
+		if _, err := io.CopyN(up, br, size); err != nil {
 			return err
 		}
 		end, err := readLine(br, 2)
@@ -452,70 +516,79 @@ func copyBody(br *bufio.Reader, up io.Writer, req *httpRequest) error {
 	}
 }
 
-func (r *resolver) serveHTTP(conn net.Conn) error {
-	_ = conn.SetReadDeadline(time.Now().Add(helloIdle))
-	br := bufio.NewReaderSize(conn, maxLine+16)
-	var up net.Conn
-	var fromUp *bufio.Reader
-	defer func() {
-		if up != nil {
-			up.Close()
-		}
-	}()
-	upgraded := make(chan bool, 1)
-	for first := true; ; first = false {
-		req, err := readRequest(br)
+// chunkLine: a chunk line's size; its extensions hold no control byte.
+func chunkLine(line []byte) (int64, error) {
+	digits, ext, _ := strings.Cut(string(line[:len(line)-2]), ";")
+	size, err := strconv.ParseUint(digits, 16, 62)
+	if err != nil || digits == "" || !fieldText(ext) {
+		return 0, fmt.Errorf("chunk size %q", digits)
+	}
+	return int64(size), nil
+}
+
+// copyTrailers: the trailer lines, each a well-formed field, up to the empty line.
+func copyTrailers(br *bufio.Reader, up io.Writer) error {
+	for size := 0; ; {
+		line, err := readLine(br, maxLine)
 		if err != nil {
-			if !first && errors.Is(err, io.EOF) {
-				return nil
-			}
 			return err
 		}
-		for _, authority := range req.hosts {
-			host, ok := hostName(authority)
-			if !ok || !r.config().allows(host, 80) {
-				return fmt.Errorf("%w: %q on 80", errRefused, authority)
-			}
+		if size += len(line); size > maxHead {
+			return errors.New("trailers too large")
 		}
-		if req.upgrade && !first {
-			return errors.New("an Upgrade request after the first on its connection")
-		}
-		if up == nil {
-			if up, err = r.upstreamOf(conn, 80); err != nil {
+		if len(line) > 2 {
+			if _, _, err := fieldLine(line); err != nil {
 				return err
 			}
-			fromUp = bufio.NewReader(up)
-			expect := req.upgrade
-			go func() {
-				if expect {
-					status, err := fromUp.Peek(12)
-					ok := err == nil && bytes.HasPrefix(status, []byte("HTTP/1.")) &&
-						string(status[9:12]) == "101"
-					upgraded <- ok
-					if !ok {
-						conn.Close()
-						up.Close()
-						return
-					}
-				}
-				_, _ = io.Copy(conn, fromUp)
-				conn.Close()
-				up.Close()
-			}()
 		}
-		_ = conn.SetReadDeadline(time.Time{})
-		if _, err := up.Write(req.head); err != nil {
+		if _, err := up.Write(line); err != nil {
 			return err
 		}
-		if err := copyBody(br, up, req); err != nil {
-			return err
-		}
-		if req.upgrade {
-			if !<-upgraded {
-				return errors.New("the server did not upgrade")
-			}
-			_, _ = io.Copy(up, br)
+		if len(line) == 2 {
 			return nil
 		}
 	}
+}
+
+func (r *resolver) serveHTTP(conn net.Conn) error {
+	_ = conn.SetReadDeadline(time.Now().Add(helloIdle))
+	br := bufio.NewReaderSize(conn, maxLine+16)
+	req, err := readRequest(br)
+	if err != nil {
+		return err
+	}
+	for _, authority := range req.hosts {
+		host, ok := hostName(authority)
+		if !ok || !r.config().allows(host, 80) {
+			return fmt.Errorf("%w: %q on 80", errRefused, authority)
+		}
+	}
+	up, err := r.upstreamOf(conn, 80)
+	if err != nil {
+		return err
+	}
+	defer up.Close()
+	_ = conn.SetReadDeadline(time.Time{})
+	if _, err := up.Write(req.head); err != nil {
+		return err
+	}
+	if err := copyBody(br, up, req); err != nil {
+		return err
+	}
+	fromUp := bufio.NewReader(up)
+	if req.upgrade {
+		status, err := fromUp.Peek(12)
+		if err != nil || !bytes.HasPrefix(status, []byte("HTTP/1.")) || string(status[9:12]) != "101" {
+			return errors.New("the server did not upgrade")
+		}
+		splice(conn, br, up, fromUp)
+		return nil
+	}
+	answered := make(chan struct{})
+	go func() { _, _ = io.Copy(conn, fromUp); conn.Close(); close(answered) }()
+	// One request per connection: a byte after it (a pipelined request) ends it at once.
+	if _, err := br.ReadByte(); errors.Is(err, io.EOF) {
+		<-answered
+	}
+	return nil
 }

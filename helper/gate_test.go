@@ -157,6 +157,27 @@ func TestRequestsAreParsedStrictly(t *testing.T) {
 		"space header": "GET / HTTP/1.1\r\nHost : a.test\r\n\r\n",
 		"https target": "GET https://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n",
 		"h2c upgrade":  "GET / HTTP/1.1\r\nHost: a.test\r\nUpgrade: h2c\r\n\r\n",
+		// a server that ends a line at a bare CR reads the Host after it (issue 40)
+		"bare CR":        "GET / HTTP/1.1\r\nX-Pad: 1\rHost: x.other.test\r\nHost: a.test\r\n\r\n",
+		"CR in host":     "GET / HTTP/1.1\r\nHost: a.test\rx\r\n\r\n",
+		"NUL in value":   "GET / HTTP/1.1\r\nHost: a.test\r\nX: a\x00b\r\n\r\n",
+		"NUL in name":    "GET / HTTP/1.1\r\nHost: a.test\r\nX\x00Y: 1\r\n\r\n",
+		"other CTL":      "GET / HTTP/1.1\r\nHost: a.test\r\nX: \x0b1\r\n\r\n",
+		"DEL":            "GET / HTTP/1.1\r\nHost: a.test\r\nX: \x7f\r\n\r\n",
+		"bare LF inside": "GET / HTTP/1.1\r\nX: 1\nHost: x.other.test\r\nHost: a.test\r\n\r\n",
+		"tab folded":     "GET / HTTP/1.1\r\nHost: a.test\r\n\tx: y\r\n\r\n",
+		"tab before :":   "GET / HTTP/1.1\r\nHost\t: a.test\r\n\r\n",
+		"CR in target":   "GET /\rHost:x.other.test HTTP/1.1\r\nHost: a.test\r\n\r\n",
+		"tab in target":  "GET /\tx HTTP/1.1\r\nHost: a.test\r\n\r\n",
+		"two spaces":     "GET  / HTTP/1.1\r\nHost: a.test\r\n\r\n",
+		"1.0 chunked":    "POST / HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"te twice":       "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"signed length":  "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +1\r\n\r\n",
+		"length list":    "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1, 1\r\n\r\n",
+		"upgrade body":   "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nContent-Length: 5\r\n\r\n",
+		"head too large": "GET / HTTP/1.1\r\nHost: a\r\n" + strings.Repeat("X: "+strings.Repeat("y", 1000)+"\r\n", 40) + "\r\n",
+		"line too long":  "GET / HTTP/1.1\r\nHost: a\r\nX: " + strings.Repeat("y", maxLine) + "\r\n\r\n",
+		"no end of head": "GET / HTTP/1.1\r\nHost: a\r\n",
 	} {
 		if req, err := parseRequest(text); err == nil {
 			t.Errorf("%s: accepted %+v", label, req)
@@ -189,5 +210,41 @@ func TestAChunkedBodyIsFollowedToTheNextRequest(t *testing.T) {
 	}
 	if h, ok := hostName("a.test:8080"); !ok || h != "a.test" {
 		t.Errorf("hostName = %q", h)
+	}
+}
+
+func TestABodyEndsWhereItsFramingSaysOrIsRefused(t *testing.T) {
+	head := "POST / HTTP/1.1\r\nHost: a.allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+	for label, body := range map[string]string{
+		"CR in a chunk extension": "3;x=\ry\r\nabc\r\n0\r\n\r\n",
+		"CR in a trailer":         "3\r\nabc\r\n0\r\nT: 1\rHost: x.other.test\r\n\r\n",
+		"folded trailer":          "3\r\nabc\r\n0\r\n x: y\r\n\r\n",
+		"hex prefix":              "0x3\r\nabc\r\n0\r\n\r\n",
+		"short chunk":             "3\r\nabcd\r\n0\r\n\r\n",
+	} {
+		br := bufio.NewReader(strings.NewReader(head + body))
+		req, err := readRequest(br)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := copyBody(br, &bytes.Buffer{}, req); err == nil {
+			t.Errorf("%s: the body passed", label)
+		}
+	}
+}
+
+func TestTheHeadSentOnAsksTheServerToClose(t *testing.T) {
+	req, err := parseRequest("GET / HTTP/1.1\r\nHost: a.allowed.test\r\nConnection: keep-alive\r\n" +
+		"X: 1\r\nconnection: Keep-Alive, x\r\n\r\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "GET / HTTP/1.1\r\nHost: a.allowed.test\r\nX: 1\r\nConnection: close\r\n\r\n"
+	if string(req.head) != want {
+		t.Fatalf("sent on: %q", req.head)
+	}
+	ws := "GET /ws HTTP/1.1\r\nHost: a.allowed.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+	if req, err := parseRequest(ws); err != nil || string(req.head) != ws {
+		t.Fatalf("an Upgrade sent on as %q, %v", req.head, err)
 	}
 }

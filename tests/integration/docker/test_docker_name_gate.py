@@ -5,11 +5,14 @@ One allowed address serves two names: `a.allowed.test`, which the policy allows,
 address, with a throwaway CA, record every SNI and Host they are asked for: the allowed
 name connects (its certificate verified end to end: the gate reads, never terminates),
 the other, no SNI, and a second keep-alive request fronting the other name never reach a
-server; UDP to the same address stays address-level.
+server; UDP to the same address stays address-level. The HTTP server is Python's own
+`http.server`, which ends a header line at a bare CR and reads a body it ignores as the
+next request: what a smuggled Host would reach.
 """
 
 from __future__ import annotations
 
+import http.server
 import socket
 import ssl
 import subprocess
@@ -28,7 +31,8 @@ pytestmark = pytest.mark.anyio
 
 ALLOWED = "a.allowed.test"
 FRONTED = "fronted.other.test"
-NAMES = (ALLOWED, "b.allowed.test", FRONTED)
+OTHER = "b.allowed.test"
+NAMES = (ALLOWED, OTHER, FRONTED)
 CA_IN_SANDBOX = "/tmp/corral-test-ca.pem"
 
 # Run in the sandbox by its own python: one TLS or HTTP exchange, printed as
@@ -36,6 +40,14 @@ CA_IN_SANDBOX = "/tmp/corral-test-ca.pem"
 CLIENT = r"""
 import socket, ssl, sys
 mode, address = sys.argv[1], sys.argv[2]
+def body(sock):
+    data = b""
+    while not data.partition(b"\r\n\r\n")[2]:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data.partition(b"\r\n\r\n")[2].decode()
 try:
     sock = socket.create_connection((address, 443 if mode == "tls" else 80), timeout=5)
     if mode == "tls":
@@ -47,14 +59,11 @@ try:
             ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
         sock = ctx.wrap_socket(sock, server_hostname=name or None)
         sock.sendall(b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % name.encode())
-        print("ok", sock.recv(4096).decode().split("\r\n\r\n")[-1])
+        print("ok", body(sock))
     else:
         for host in sys.argv[3:]:
             sock.sendall(b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % host.encode())
-            data = sock.recv(4096)
-            if not data:
-                raise ConnectionError("closed")
-            print("ok", data.decode().split("\r\n\r\n")[-1])
+            print("ok", body(sock))
 except (OSError, ssl.SSLError) as exc:
     print("refused", type(exc).__name__)
 """
@@ -67,21 +76,64 @@ print(s.recv(100).decode())
 """
 
 
+# Run in the sandbox: the bytes (hex) sent as they are on one connection to port 80, and
+# what came back until it closed (or 5 s of quiet).
+RAW_CLIENT = r"""
+import socket, sys
+sock = socket.create_connection((sys.argv[1], 80), timeout=5)
+sock.sendall(bytes.fromhex(sys.argv[2]))
+data = b""
+try:
+    while chunk := sock.recv(4096):
+        data += chunk
+except OSError as exc:
+    data += b"|" + type(exc).__name__.encode()
+print(repr(data))
+"""
+
+
+class _AskedFor(http.server.BaseHTTPRequestHandler):
+    """Python's own HTTP/1.1 server: answers a GET with the Host it read, and records it."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        assert isinstance(self.server, _HTTPServer)
+        host = self.headers.get("Host", "")
+        self.server.seen.append(f"host:{host}")
+        body = f"served {host}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, seen: list[str]) -> None:
+        super().__init__((ALLOWED_IP, 80), _AskedFor)
+        self.seen = seen
+
+
 class Servers:
-    """A TLS server on 443 and an HTTP/1.1 keep-alive server on 80 of ALLOWED_IP, each
-    answering with the name it was asked for and recording it."""
+    """A TLS server on 443 and Python's HTTP/1.1 keep-alive server on 80 of ALLOWED_IP,
+    each answering with the name it was asked for and recording it."""
 
     def __init__(self, cert: Path, key: Path) -> None:
         self.seen: list[str] = []
         self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._tls.load_cert_chain(cert, key)
         self._tls.sni_callback = self._sni
-        self._sockets = [
-            socket.create_server((ALLOWED_IP, 443)),
-            socket.create_server((ALLOWED_IP, 80)),
-        ]
-        for sock, handle in zip(self._sockets, (self._serve_tls, self._serve_http), strict=True):
-            threading.Thread(target=self._accept, args=(sock, handle), daemon=True).start()
+        self._http = _HTTPServer(self.seen)
+        threading.Thread(target=self._http.serve_forever, daemon=True).start()
+        self._sockets = [socket.create_server((ALLOWED_IP, 443))]
+        threading.Thread(
+            target=self._accept, args=(self._sockets[0], self._serve_tls), daemon=True
+        ).start()
 
     def _sni(self, _sock: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
         self.seen.append(f"sni:{name}")
@@ -101,15 +153,6 @@ class Servers:
                 self._answer(tls)
         except (OSError, ssl.SSLError):
             pass
-
-    def _serve_http(self, conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(5)
-            try:
-                while self._answer(conn):
-                    pass
-            except OSError:
-                pass
 
     def _answer(self, conn: socket.socket) -> bool:
         head = b""
@@ -132,6 +175,8 @@ class Servers:
         return True
 
     def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
         for sock in self._sockets:
             sock.close()
 
@@ -211,3 +256,35 @@ async def test_an_allowed_address_admits_only_the_allowed_name_over_tls_and_http
         # UDP to the same address is address-level: the echo target answers.
         echo = await sandbox.exec(["python3", "-c", UDP_CLIENT, ALLOWED_IP, str(UDP_PORT)])
         assert echo.stdout.strip() == "echo:ping", echo
+
+
+@pytest.mark.parametrize(
+    "label, request_bytes",
+    [
+        # A server that ends a line at a bare CR reads the first Host (issue 40, item 3).
+        ("bare CR", f"GET / HTTP/1.1\r\nX-Pad: 1\rHost: {FRONTED}\r\nHost: {ALLOWED}\r\n\r\n"),
+        # Two requests in one write: the second fronts the other name.
+        (
+            "pipelined",
+            f"GET / HTTP/1.1\r\nHost: {ALLOWED}\r\n\r\nGET / HTTP/1.1\r\nHost: {FRONTED}\r\n\r\n",
+        ),
+        # A body the server ignores, read by it as the next request.
+        (
+            "in a body",
+            f"GET / HTTP/1.1\r\nHost: {ALLOWED}\r\nContent-Length: 46\r\n\r\n"
+            f"GET / HTTP/1.1\r\nHost: {FRONTED}\r\n\r\n",
+        ),
+    ],
+    ids=["bare-CR", "pipelined", "in-a-body"],
+)
+async def test_a_smuggled_host_never_reaches_the_server(
+    gate_env: DockerEnvironment, servers: Servers, label: str, request_bytes: str
+) -> None:
+    plan = ExecutionPlan(image=TEST_IMAGE, network=NetworkSchedule(baseline=f"allowlist:{ALLOWED}"))
+    async with gate_env.session(plan) as sandbox:
+        servers.seen.clear()
+        sent = request_bytes.encode().hex()
+        result = await sandbox.exec(["python3", "-c", RAW_CLIENT, ALLOWED_IP, sent], timeout=30)
+        assert result.returncode == 0, result.stderr
+        assert f"host:{FRONTED}" not in servers.seen, (label, servers.seen, result.stdout)
+        assert FRONTED not in result.stdout, label
