@@ -384,6 +384,9 @@ type resolver struct {
 	slots   chan struct{}
 	addSets func(lines []string) error
 	ask     func(cfg *dnsConfig, query []byte) ([]byte, error)
+	// the name gate's open flows (gate.go): flowsMu is taken before mu
+	flowsMu sync.Mutex
+	flows   map[*flow]struct{}
 }
 
 func (r *resolver) config() *dnsConfig {
@@ -599,9 +602,13 @@ func (r *resolver) load() {
 	} else {
 		status = cfg.Generation
 	}
+	r.flowsMu.Lock()
 	r.mu.Lock()
 	r.cfg = cfg
 	r.mu.Unlock()
+	// Loaded means switched: nothing the gate let through stays open against it.
+	r.cutFlows(cfg)
+	r.flowsMu.Unlock()
 	writeAtomic(filepath.Join(r.dir, "loaded"), status+"\n")
 }
 

@@ -23,7 +23,9 @@
 //
 // Every byte the sandbox sends is hostile: reads are bounded (a head in bytes, per line
 // and in all, and in time), and a refused or failed connection is closed with nothing
-// sent upstream.
+// sent upstream. Each connection let through is held as a flow with the names it was
+// let through for: a new policy (load) cuts every flow it does not allow before it
+// counts as loaded, so a switch leaves nothing open that it would refuse now.
 package main
 
 import (
@@ -248,20 +250,97 @@ func (r *resolver) serveTLS(conn net.Conn) error {
 	if err != nil {
 		return err
 	}
-	if !r.config().allows(name, 443) {
-		return fmt.Errorf("%w: %q on 443", errRefused, name)
-	}
-	up, err := r.upstreamOf(conn, 443)
+	f := &flow{port: 443, names: []string{name}, client: conn}
+	up, err := r.open(f)
 	if err != nil {
 		return err
 	}
-	defer up.Close()
+	defer r.forget(f)
 	_ = conn.SetReadDeadline(time.Time{})
 	if _, err := up.Write(raw); err != nil {
 		return err
 	}
 	splice(conn, br, up, up)
 	return nil
+}
+
+// flow: a connection the gate let through, with the names it was let through for.
+type flow struct {
+	port   int
+	names  []string
+	client net.Conn
+	up     net.Conn
+	cut    bool
+}
+
+// allowsFlow: whether cfg allows every name of f on its port.
+func (c *dnsConfig) allowsFlow(f *flow) bool {
+	for _, name := range f.names {
+		if !c.allows(name, f.port) {
+			return false
+		}
+	}
+	return true
+}
+
+// open: f's upstream, when the policy in force allows f; f is then held (until forget)
+// where a new policy can cut it. Judging and holding are one step under flowsMu, as
+// swapping the policy and cutting are in load: no flow is judged by the old policy and
+// held after the new one's cuts.
+func (r *resolver) open(f *flow) (net.Conn, error) {
+	r.flowsMu.Lock()
+	if !r.config().allowsFlow(f) {
+		r.flowsMu.Unlock()
+		return nil, fmt.Errorf("%w: %q on %d", errRefused, f.names, f.port)
+	}
+	if r.flows == nil {
+		r.flows = map[*flow]struct{}{}
+	}
+	r.flows[f] = struct{}{}
+	r.flowsMu.Unlock()
+	up, err := r.upstreamOf(f.client, f.port)
+	if err != nil {
+		r.forget(f)
+		return nil, err
+	}
+	r.flowsMu.Lock()
+	defer r.flowsMu.Unlock()
+	if f.cut { // a switch while dialling
+		up.Close()
+		return nil, fmt.Errorf("%w: %q on %d, by a new policy", errRefused, f.names, f.port)
+	}
+	f.up = up
+	return up, nil
+}
+
+// forget: f is over (its connections closed by its server).
+func (r *resolver) forget(f *flow) {
+	r.flowsMu.Lock()
+	defer r.flowsMu.Unlock()
+	delete(r.flows, f)
+	if f.up != nil {
+		f.up.Close()
+	}
+}
+
+// cutFlows: every held flow cfg does not allow, both its connections reset (not closed
+// gracefully: nothing still buffered for either side is sent). Called with flowsMu held.
+func (r *resolver) cutFlows(cfg *dnsConfig) {
+	for f := range r.flows {
+		if cfg.allowsFlow(f) {
+			continue
+		}
+		f.cut = true
+		for _, c := range []net.Conn{f.client, f.up} {
+			if tcp, ok := c.(*net.TCPConn); ok {
+				_ = tcp.SetLinger(0)
+			}
+			if c != nil {
+				c.Close()
+			}
+		}
+		delete(r.flows, f)
+	}
 }
 
 // splice copies both ways until either side ends, then closes both.
@@ -557,17 +636,19 @@ func (r *resolver) serveHTTP(conn net.Conn) error {
 	if err != nil {
 		return err
 	}
+	f := &flow{port: 80, client: conn}
 	for _, authority := range req.hosts {
 		host, ok := hostName(authority)
-		if !ok || !r.config().allows(host, 80) {
+		if !ok {
 			return fmt.Errorf("%w: %q on 80", errRefused, authority)
 		}
+		f.names = append(f.names, host)
 	}
-	up, err := r.upstreamOf(conn, 80)
+	up, err := r.open(f)
 	if err != nil {
 		return err
 	}
-	defer up.Close()
+	defer r.forget(f)
 	_ = conn.SetReadDeadline(time.Time{})
 	if _, err := up.Write(req.head); err != nil {
 		return err

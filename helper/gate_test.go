@@ -5,7 +5,11 @@ import (
 	"bytes"
 	"crypto/tls"
 	"encoding/binary"
+	"encoding/json"
+	"errors"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -246,5 +250,83 @@ func TestTheHeadSentOnAsksTheServerToClose(t *testing.T) {
 	ws := "GET /ws HTTP/1.1\r\nHost: a.allowed.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
 	if req, err := parseRequest(ws); err != nil || string(req.head) != ws {
 		t.Fatalf("an Upgrade sent on as %q, %v", req.head, err)
+	}
+}
+
+// loopbackPair: the two ends of one TCP connection on loopback.
+func loopbackPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close()
+	near, err := net.Dial("tcp", listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	far, err := listener.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { near.Close(); far.Close() })
+	return near, far
+}
+
+// stillOpen: whether `far` (the sandbox's or the server's end of a flow's connection)
+// neither ended nor was reset.
+func stillOpen(t *testing.T, far net.Conn) bool {
+	t.Helper()
+	_ = far.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	_, err := far.Read(make([]byte, 1))
+	var timeout net.Error
+	return errors.As(err, &timeout) && timeout.Timeout()
+}
+
+func TestASwitchCutsTheFlowsItNoLongerAllowsBeforeItIsLoaded(t *testing.T) {
+	both := testConfig()
+	both.Entries = append(both.Entries, dnsEntry{Name: "web.test", Port: 80, Set4: "w4", Set6: "w6"})
+	r := &resolver{cfg: both, dir: t.TempDir()}
+	flows := map[string]*flow{
+		"a.allowed.test": {port: 443, names: []string{"a.allowed.test"}},
+		"b.allowed.test": {port: 443, names: []string{"b.allowed.test"}},
+		"web.test":       {port: 80, names: []string{"web.test"}},
+	}
+	far := map[string][2]net.Conn{}
+	for name, f := range flows {
+		client, sandbox := loopbackPair(t)
+		up, server := loopbackPair(t)
+		f.client, f.up = client, up
+		far[name] = [2]net.Conn{sandbox, server}
+	}
+	r.flows = map[*flow]struct{}{}
+	for _, f := range flows {
+		r.flows[f] = struct{}{}
+	}
+	// the new policy: only b.allowed.test, and web.test on 443 (not on 80)
+	next := testConfig()
+	next.Generation = "g2"
+	next.Entries = []dnsEntry{
+		{Name: "b.allowed.test", Set4: "b4", Set6: "b6"},
+		{Name: "web.test", Port: 443, Set4: "w4", Set6: "w6"},
+	}
+	data, _ := json.Marshal(next)
+	if err := os.WriteFile(filepath.Join(r.dir, "config.json"), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.load()
+	if loaded, _ := os.ReadFile(filepath.Join(r.dir, "loaded")); string(loaded) != "g2\n" {
+		t.Fatalf("loaded %q", loaded)
+	}
+	for name, ends := range far {
+		want := name == "b.allowed.test"
+		for _, end := range ends {
+			if got := stillOpen(t, end); got != want {
+				t.Errorf("%s: open after the switch = %v", name, got)
+			}
+		}
+	}
+	if len(r.flows) != 1 || !flows["a.allowed.test"].cut || flows["b.allowed.test"].cut {
+		t.Errorf("held after the switch: %d flows", len(r.flows))
 	}
 }

@@ -6,9 +6,10 @@ names the policy never allowed. So a TCP connection to port 443 or 80 of such an
 is DNATed, in the sandbox's namespace, to the gate (part of corral's resolver in the
 holder, `helper/gate.go`), which reads the TLS SNI or the Host of the connection's one
 HTTP request and goes on to the original destination only for a name the policy allows
-on that port, from a socket carrying `UPSTREAM_MARK`. The filter rules refuse the same
-connections when they carry no mark: without the DNAT (a failed apply, a rule the
-sandbox cannot reach but that is not there yet) they fail closed.
+on that port, from a socket carrying `UPSTREAM_MARK`; a switch cuts what went on for a
+name it no longer allows. The filter rules refuse the same connections when they carry
+no mark: without the DNAT (a failed apply, a rule the sandbox cannot reach but that is
+not there yet) they fail closed.
 
 What stays address-level (SECURITY.md says so): addresses a policy lists as addresses or
 CIDRs, other ports, UDP (QUIC), and IPv6, where the gate does not listen: TCP 443 and 80

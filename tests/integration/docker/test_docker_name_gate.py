@@ -7,7 +7,8 @@ name connects (its certificate verified end to end: the gate reads, never termin
 the other, no SNI, and a second keep-alive request fronting the other name never reach a
 server; UDP to the same address stays address-level. The HTTP server is Python's own
 `http.server`, which ends a header line at a bare CR and reads a body it ignores as the
-next request: what a smuggled Host would reach.
+next request: what a smuggled Host would reach. A switch cuts what it no longer allows:
+an open TLS flow for a name it drops, and a plain TCP flow to an address it drops.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from corral import EnvironmentSession, ExecutionPlan, NetworkSchedule
 from corral.providers.docker import DockerEnvironment
-from tests.integration.conftest import ALLOWED_IP, UDP_PORT
+from tests.integration.conftest import ALLOWED_IP, DENIED_IP, TCP_PORT, UDP_PORT
 from tests.integration.docker.conftest import TEST_IMAGE, make_env
 
 pytestmark = pytest.mark.anyio
@@ -34,6 +36,8 @@ FRONTED = "fronted.other.test"
 OTHER = "b.allowed.test"
 NAMES = (ALLOWED, OTHER, FRONTED)
 CA_IN_SANDBOX = "/tmp/corral-test-ca.pem"
+#: a TCP echo on ALLOWED_IP (not a gated port), whose connections stay open
+ECHO_PORT = 8093
 
 # Run in the sandbox by its own python: one TLS or HTTP exchange, printed as
 # "ok <response>" or "refused <why>".
@@ -91,6 +95,33 @@ except OSError as exc:
 print(repr(data))
 """
 
+# Run in the sandbox: one connection (TLS to 443 for a name, or TCP to a port) that
+# answers once, then waits for /tmp/switched-<label> and counts the exchanges it still
+# carries, of 10: "carried N" (with "cut <error>" before it when it was cut).
+HELD_CLIENT = r"""
+import os, socket, ssl, sys, time
+label, address, port, name, ca = sys.argv[1:6]
+sock = socket.create_connection((address, int(port)), timeout=10)
+if name:
+    sock = ssl.create_default_context(cafile=ca).wrap_socket(sock, server_hostname=name)
+def exchange():
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % name.encode())
+    if not sock.recv(4096):
+        raise ConnectionError("closed")
+exchange()
+open(f"/tmp/held-{label}", "w").close()
+while not os.path.exists(f"/tmp/switched-{label}"):
+    time.sleep(0.05)
+carried = 0
+try:
+    for _ in range(10):
+        exchange()
+        carried += 1
+except (OSError, ssl.SSLError) as exc:
+    print("cut", type(exc).__name__)
+print("carried", carried)
+"""
+
 
 class _AskedFor(http.server.BaseHTTPRequestHandler):
     """Python's own HTTP/1.1 server: answers a GET with the Host it read, and records it."""
@@ -120,8 +151,9 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
 
 
 class Servers:
-    """A TLS server on 443 and Python's HTTP/1.1 keep-alive server on 80 of ALLOWED_IP,
-    each answering with the name it was asked for and recording it."""
+    """A TLS server on 443 (each connection answering requests until it ends), Python's
+    HTTP/1.1 keep-alive server on 80 of ALLOWED_IP, each answering with the name it was
+    asked for and recording it, and an echo on ECHO_PORT."""
 
     def __init__(self, cert: Path, key: Path) -> None:
         self.seen: list[str] = []
@@ -130,10 +162,12 @@ class Servers:
         self._tls.sni_callback = self._sni
         self._http = _HTTPServer(self.seen)
         threading.Thread(target=self._http.serve_forever, daemon=True).start()
-        self._sockets = [socket.create_server((ALLOWED_IP, 443))]
-        threading.Thread(
-            target=self._accept, args=(self._sockets[0], self._serve_tls), daemon=True
-        ).start()
+        self._sockets = [
+            socket.create_server((ALLOWED_IP, 443)),
+            socket.create_server((ALLOWED_IP, ECHO_PORT)),
+        ]
+        for sock, handle in zip(self._sockets, (self._serve_tls, self._echo), strict=True):
+            threading.Thread(target=self._accept, args=(sock, handle), daemon=True).start()
 
     def _sni(self, _sock: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
         self.seen.append(f"sni:{name}")
@@ -149,10 +183,20 @@ class Servers:
     def _serve_tls(self, conn: socket.socket) -> None:
         try:
             with self._tls.wrap_socket(conn, server_side=True) as tls:
-                tls.settimeout(5)
-                self._answer(tls)
+                tls.settimeout(60)  # a held flow waits out a switch
+                while self._answer(tls):
+                    pass
         except (OSError, ssl.SSLError):
             pass
+
+    def _echo(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(60)
+            try:
+                while data := conn.recv(4096):
+                    conn.sendall(data)
+            except OSError:
+                pass
 
     def _answer(self, conn: socket.socket) -> bool:
         head = b""
@@ -288,3 +332,67 @@ async def test_a_smuggled_host_never_reaches_the_server(
         assert result.returncode == 0, result.stderr
         assert f"host:{FRONTED}" not in servers.seen, (label, servers.seen, result.stdout)
         assert FRONTED not in result.stdout, label
+
+
+async def held(sandbox: EnvironmentSession, label: str, *args: str) -> str:
+    """HELD_CLIENT's report, run to its end."""
+    result = await sandbox.exec(["python3", "-c", HELD_CLIENT, label, *args], timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+async def switch_while_held(
+    sandbox: EnvironmentSession, flows: dict[str, tuple[str, ...]], policy: str
+) -> dict[str, str]:
+    """Each of `flows` (label: HELD_CLIENT's arguments) opened and answered once, then
+    `policy` switched to, then each flow's report of what it still carried."""
+    reports: dict[str, str] = {}
+
+    async def run(label: str, args: tuple[str, ...]) -> None:
+        reports[label] = await held(sandbox, label, *args)
+
+    async with anyio.create_task_group() as group:
+        for label, args in flows.items():
+            group.start_soon(run, label, args)
+        opened = " && ".join(f"[ -e /tmp/held-{label} ]" for label in flows)
+        waited = await sandbox.exec(
+            ["sh", "-c", f"until {opened}; do sleep 0.05; done"], timeout=60
+        )
+        assert waited.returncode == 0, waited
+        await sandbox.set_network_policy(policy)
+        await sandbox.exec(["touch", *(f"/tmp/switched-{label}" for label in flows)])
+    return reports
+
+
+async def test_a_switch_cuts_an_open_tls_flow_for_a_name_it_drops(
+    gate_env: DockerEnvironment, servers: Servers, ca: tuple[Path, Path, Path]
+) -> None:
+    """Issue 40, item 4: two names on one address, a TLS flow open for each; a switch to
+    a policy that allows only the other name cuts the first before it returns, and
+    leaves the other's flow (its name still allowed) open."""
+    both = f"allowlist:{ALLOWED},{OTHER}"
+    plan = ExecutionPlan(image=TEST_IMAGE, network=NetworkSchedule(baseline=both))
+    async with gate_env.session(plan) as sandbox:
+        await sandbox.write_text(CA_IN_SANDBOX, ca[0].read_text())
+        flows = {
+            "dropped": (ALLOWED_IP, "443", ALLOWED, CA_IN_SANDBOX),
+            "kept": (ALLOWED_IP, "443", OTHER, CA_IN_SANDBOX),
+        }
+        reports = await switch_while_held(sandbox, flows, f"allowlist:{OTHER}")
+        assert reports["dropped"].endswith("carried 0"), reports
+        assert reports["kept"] == "carried 10", reports
+        # and a new connection for the dropped name is refused
+        fresh = await client(sandbox, "tls", ALLOWED_IP, ALLOWED, CA_IN_SANDBOX)
+        assert fresh.startswith("refused"), fresh
+
+
+async def test_a_switch_cuts_an_open_tcp_flow_to_an_address_it_drops(
+    gate_env: DockerEnvironment, servers: Servers
+) -> None:
+    plan = ExecutionPlan(
+        image=TEST_IMAGE, network=NetworkSchedule(baseline=f"allowlist:{ALLOWED_IP}:{ECHO_PORT}")
+    )
+    async with gate_env.session(plan) as sandbox:
+        flows = {"echo": (ALLOWED_IP, str(ECHO_PORT), "", "")}
+        reports = await switch_while_held(sandbox, flows, f"allowlist:{DENIED_IP}:{TCP_PORT}")
+        assert reports["echo"].endswith("carried 0"), reports
