@@ -330,3 +330,23 @@ func TestASwitchCutsTheFlowsItNoLongerAllowsBeforeItIsLoaded(t *testing.T) {
 		t.Errorf("held after the switch: %d flows", len(r.flows))
 	}
 }
+
+func TestAHeadDrippedPastItsTimeIsRefusedInTime(t *testing.T) {
+	t.Parallel()
+	client, gate := loopbackPair(t)
+	go func() {
+		_, _ = client.Write([]byte("GET / HTTP/1.1\r\nHost: a.allowed.test\r\n"))
+		for i := 0; i < 40; i++ { // a line every 0.5 s: 20 s of head, never ended
+			time.Sleep(500 * time.Millisecond)
+			if _, err := client.Write([]byte("X: 1\r\n")); err != nil {
+				return
+			}
+		}
+	}()
+	started := time.Now()
+	err := (&resolver{cfg: testConfig()}).serveHTTP(gate)
+	var timeout net.Error
+	if !errors.As(err, &timeout) || !timeout.Timeout() || time.Since(started) > helloIdle+time.Second {
+		t.Fatalf("after %v: %v", time.Since(started), err)
+	}
+}
