@@ -1,27 +1,30 @@
 """Credential routes on a real engine: the agent reaches an HTTPS upstream that needs a
 key through corral's proxy, under `no-network`, and the key appears nowhere in the
-sandbox (its environment, process list, files, or any response); the route serves only
-in its phases, streams as the upstream sends, and answers no other sandbox."""
+sandbox (its environment, process list, files, or any response: not when the upstream
+names the bare key it got, base64-, JSON- or hex-encoded, or gzip-compressed); the route
+serves only in its phases, streams as the upstream sends, and answers no other sandbox;
+a sandbox that floods the proxy with silent connections spends only its session's
+budget of the harness's descriptors, and the route works afterwards."""
 
 from __future__ import annotations
 
-import http.server
+import base64
+import gzip
 import json
 import secrets
-import ssl
-import subprocess
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
+import anyio
 import pytest
 from pydantic import SecretStr
 
 from corral import EnvironmentSession, ExecutionPlan, NetworkSchedule, TaskRun
 from corral.core.credentials import CredentialRoute
+from corral.core.credproxy import MAX_CONNECTIONS
 from tests.integration.docker.conftest import TEST_IMAGE, make_env
+from tests.tls_upstream import QuietHandler, upstream_fixture
 
 pytestmark = pytest.mark.anyio
 
@@ -42,14 +45,43 @@ except OSError as e:
 """
 
 
-class Upstream(http.server.BaseHTTPRequestHandler):
+#: a sandbox's flood: argv[1] silent connections to its route's proxy, held 5 s
+FLOOD = """
+import os, socket, sys, time, urllib.parse
+url = urllib.parse.urlsplit(os.environ["CORRAL_CRED_MODEL_URL"])
+held = []
+for _ in range(int(sys.argv[1])):
+    try:
+        held.append(socket.create_connection((url.hostname, url.port), timeout=5))
+    except OSError:
+        pass
+print(len(held), flush=True)
+time.sleep(5)
+"""
+
+
+def _named(key: str) -> bytes:
+    """What an upstream that names the key it got says (a common API error's shape),
+    in the forms an API may say it in."""
+    raw = key.encode()
+    forms = [raw, base64.b64encode(raw), base64.b64encode(b"id:" + raw), json.dumps([key])]
+    return b"Incorrect API key provided: " + b" ".join(
+        form if isinstance(form, bytes) else form.encode() for form in [*forms, raw.hex()]
+    )
+
+
+class Upstream(QuietHandler):
     """An API that wants `X-Api-Key`: /v1/hello, /v1/stream (three events, 0.6 s apart),
-    /v1/leak (which echoes the key back, in a header and the body)."""
+    /v1/leak (which echoes the key back, in a header and the body); /v1/named and
+    /v1/named.gz answer 401 naming the bare key of an `Authorization: Bearer` header."""
 
     seen: ClassVar[list[dict[str, str]]] = []
 
     def do_GET(self) -> None:
         Upstream.seen.append({"path": self.path, **{k.lower(): v for k, v in self.headers.items()}})
+        if self.path.startswith("/v1/named"):
+            self._name_the_key()
+            return
         if self.headers.get("X-Api-Key") != KEY:
             self.send_response(401)
             self.end_headers()
@@ -68,32 +100,15 @@ class Upstream(http.server.BaseHTTPRequestHandler):
         else:
             self.wfile.write(b"hello from upstream\n")
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+    def _name_the_key(self) -> None:
+        body = _named(self.headers.get("Authorization", "").removeprefix("Bearer "))
+        if self.path.endswith(".gz"):
+            self.answer(401, {"Content-Encoding": "gzip"}, gzip.compress(body))
+        else:
+            self.answer(401, {}, body)
 
 
-@pytest.fixture(scope="module")
-def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
-    """The upstream on this host's loopback over TLS, its certificate from a throwaway
-    CA (the route's `ca_file`)."""
-    d = tmp_path_factory.mktemp("ca")
-    (d / "san").write_text("subjectAltName=IP:127.0.0.1\n")
-    for argv in (
-        "req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca",
-        "req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=127.0.0.1",
-        "x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 1 "
-        "-extfile san",
-    ):
-        subprocess.run(["openssl", *argv.split()], cwd=d, check=True, capture_output=True)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(d / "srv.pem", d / "srv.key")
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1], d / "ca.pem"
-    server.shutdown()
-    thread.join()
+upstream = upstream_fixture(Upstream)
 
 
 async def _fetch(session: EnvironmentSession, url: str) -> list[str]:
@@ -181,3 +196,58 @@ async def test_another_sandbox_gets_nothing_from_a_route(
     assert mine[0] == "200 -", mine
     assert theirs[0].startswith("failed"), theirs
     assert len(Upstream.seen) == 1, "the other sandbox's request never reached the upstream"
+
+
+def _bearer_plan(upstream: tuple[int, Path]) -> ExecutionPlan:
+    port, ca = upstream
+    route = CredentialRoute(
+        upstream=f"https://127.0.0.1:{port}/v1",
+        headers={"Authorization": SecretStr(f"Bearer {KEY}")},
+        ca_file=str(ca),
+    )
+    return ExecutionPlan(
+        image=TEST_IMAGE,
+        network=NetworkSchedule(baseline="no-network"),
+        credentials={"model": route},
+    )
+
+
+async def test_an_upstream_naming_the_bare_key_gives_none_of_it_back(
+    owner: str, upstream: tuple[int, Path], runtime: str
+) -> None:
+    async with make_env(owner, runtime=runtime).session(_bearer_plan(upstream)) as sandbox:
+        url = (await sandbox.exec(["sh", "-c", "echo $CORRAL_CRED_MODEL_URL"])).stdout.strip()
+        plain = await _fetch(sandbox, f"{url}/named")
+        compressed = await _fetch(sandbox, f"{url}/named.gz")
+    named = _named(KEY).split(b": ", 1)[1].split()
+    for said in (plain, compressed):
+        text = "\n".join(said).encode()
+        assert said[0].startswith("401") and b"[redacted by corral]" in text, said
+        assert [form for form in named if form in text] == [], said
+
+
+async def test_a_sandbox_flooding_its_proxy_spends_only_its_budget(
+    owner: str, upstream: tuple[int, Path]
+) -> None:
+    async with make_env(owner).session(_bearer_plan(upstream)) as sandbox:
+        url = (await sandbox.exec(["sh", "-c", "echo $CORRAL_CRED_MODEL_URL"])).stdout.strip()
+        before, grown, flood = _descriptors(), 0, list[str]()
+        async with anyio.create_task_group() as group:
+
+            async def run_flood() -> None:
+                done = await sandbox.exec(["python3", "-c", FLOOD, "2000"], timeout=120)
+                flood.append(done.stdout.strip())
+                group.cancel_scope.cancel()
+
+            group.start_soon(run_flood)
+            while True:
+                grown = max(grown, _descriptors() - before)
+                await anyio.sleep(0.05)
+        after = await _fetch(sandbox, f"{url}/named")
+    assert flood == ["2000"], "the sandbox's connections were all made"
+    assert grown <= MAX_CONNECTIONS + 16, f"the harness grew by {grown} descriptors"
+    assert after[0].startswith("401") and KEY not in "\n".join(after), after
+
+
+def _descriptors() -> int:
+    return sum(1 for _ in Path("/proc/self/fd").iterdir())
