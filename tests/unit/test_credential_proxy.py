@@ -56,7 +56,7 @@ sys.stdin.read()
 class Upstream(QuietHandler):
     """/v1/hello; /v1/named (a 401 naming the key it got, in every form of `NAMED`);
     /v1/gzip (the same, gzip-compressed); /v1/br (an encoding corral cannot read);
-    /v1/bomb (1 MiB of gzip-compressed zeros)."""
+    /v1/bomb (1 MiB of gzip-compressed zeros); a POST, after a second, 200."""
 
     def do_GET(self) -> None:
         got = self.headers.get("Authorization", "").removeprefix("Bearer ").encode()
@@ -71,6 +71,10 @@ class Upstream(QuietHandler):
             "/v1/bomb": (200, {"Content-Encoding": "gzip"}, gzip.compress(bytes(1 << 20))),
         }[self.path]
         self.answer(status, headers, body)
+
+    def do_POST(self) -> None:
+        time.sleep(1)  # the proxy has sent the whole body, or given up on it, by then
+        self.answer(200, {}, b"")
 
 
 upstream = upstream_fixture(Upstream)
@@ -151,12 +155,13 @@ def test_an_upstream_that_names_the_key_gets_none_of_it_back(upstream: tuple[int
     assert unreadable[0] == 502 and b"'br'" in unreadable[2], unreadable
 
 
-def test_a_body_that_inflates_past_the_budget_is_cut(upstream: tuple[int, Path]) -> None:
-    with (
-        _proxy(upstream, decoded_bytes=64 * 1024) as proxy,
-        pytest.raises(http.client.IncompleteRead),
-    ):
+def test_a_body_that_inflates_past_the_budget_is_cut(
+    upstream: tuple[int, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    budget = {"decoded_bytes": 64 * 1024}
+    with _proxy(upstream, **budget) as proxy, pytest.raises(http.client.IncompleteRead):
         _get(proxy, "/bomb")
+    assert "budget=decoded_bytes" in caplog.text
 
 
 def test_silent_connections_spend_only_the_budget(
@@ -181,6 +186,32 @@ def test_the_head_deadline_closes_a_silent_connection(upstream: tuple[int, Path]
         with silent:
             assert silent.recv(1) == b""
         assert time.monotonic() - started < 3
+
+
+def test_a_head_over_its_bytes_ends_the_connection(
+    upstream: tuple[int, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    with _proxy(upstream, head_bytes=4096) as proxy:
+        client = socket.create_connection((proxy.host, proxy.port))
+        client.settimeout(10)
+        with client:
+            client.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 8192)
+            assert client.recv(1) == b""
+    assert "budget=head_bytes" in caplog.text
+
+
+def test_a_body_over_its_bytes_is_refused(
+    upstream: tuple[int, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    with _proxy(upstream, body_bytes=1000) as proxy:
+        url = proxy.env()["CORRAL_CRED_MODEL_URL"] + "/hello"
+        with pytest.raises(urllib.error.HTTPError) as declared:
+            urllib.request.urlopen(urllib.request.Request(url, data=bytes(2000)), timeout=10)
+        chunks = (bytes(500) for _ in range(4))
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+            urllib.request.urlopen(urllib.request.Request(url, data=chunks), timeout=10)
+    assert declared.value.code == 413
+    assert "budget=body_bytes" in caplog.text
 
 
 def test_the_route_outlives_the_harness_running_out_of_descriptors(

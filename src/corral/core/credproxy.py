@@ -248,6 +248,12 @@ class CredentialProxy:
             raise OverBudget(
                 "head_timeout_s", f"no whole request head in {self.budget.head_timeout_s} s"
             ) from None
+        except h11.RemoteProtocolError as exc:
+            if exc.error_status_hint != 431:  # h11's "head too long"
+                raise
+            raise OverBudget(
+                "head_bytes", f"a request head over {self.budget.head_bytes} bytes"
+            ) from None
         if isinstance(request, h11.Request):
             await self._answer(request, server, client)
 
@@ -350,7 +356,7 @@ async def _forward(
             f"the upstream did not answer: {type(exc).__name__}\n".encode(),
         )
         return
-    async with upstream:
+    try:
         up = h11.Connection(h11.CLIENT)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         head = h11.Request(
@@ -361,6 +367,9 @@ async def _forward(
         await upstream.send(up.send(head) or b"")
         await _relay_request_body(exchange, up, upstream)
         await _relay_response(up, upstream, exchange)
+    finally:
+        # Not TLS's orderly close: its failure would hide why the exchange ended.
+        await anyio.aclose_forcefully(upstream)
 
 
 async def _relay_request_body(
