@@ -108,6 +108,9 @@ class SecretForms:
     def __init__(self, secrets: Iterable[bytes]) -> None:
         self._forms = sorted({f for s in secrets if s for f in forms_of(s)}, key=len, reverse=True)
         self._heads = {form[:_HEAD] for form in self._forms}
+        self._by_first: dict[int, list[bytes]] = {}
+        for form in self._forms:
+            self._by_first.setdefault(form[0], []).append(form)
         #: the longest form's length: a held tail is always shorter
         self.longest = len(self._forms[0]) if self._forms else 0
 
@@ -124,7 +127,7 @@ class SecretForms:
         ends = range(max(low, len(data) - _HEAD + 1), len(data))
         for start in sorted({*self._head_starts(data, low), *ends}):
             tail = data[start:]
-            if any(form.startswith(tail) for form in self._forms):
+            if any(form.startswith(tail) for form in self._by_first.get(tail[0], ())):
                 return len(data) - start
         return 0
 
