@@ -56,7 +56,8 @@ sys.stdin.read()
 class Upstream(QuietHandler):
     """/v1/hello; /v1/named (a 401 naming the key it got, in every form of `NAMED`);
     /v1/gzip (the same, gzip-compressed); /v1/br (an encoding corral cannot read);
-    /v1/bomb (1 MiB of gzip-compressed zeros); a POST, after a second, 200."""
+    /v1/bomb (1 MiB of gzip-compressed zeros); /v1/big (3 MiB of them, then the 401's
+    body); a POST, after a second, 200."""
 
     def do_GET(self) -> None:
         got = self.headers.get("Authorization", "").removeprefix("Bearer ").encode()
@@ -69,6 +70,7 @@ class Upstream(QuietHandler):
             "/v1/gzip": (401, {"Content-Encoding": "gzip"}, gzip.compress(named)),
             "/v1/br": (200, {"Content-Encoding": "br"}, named),
             "/v1/bomb": (200, {"Content-Encoding": "gzip"}, gzip.compress(bytes(1 << 20))),
+            "/v1/big": (401, {"Content-Encoding": "gzip"}, gzip.compress(bytes(3 << 20) + named)),
         }[self.path]
         self.answer(status, headers, body)
 
@@ -153,6 +155,15 @@ def test_an_upstream_that_names_the_key_gets_none_of_it_back(upstream: tuple[int
         assert [form for form in NAMED if form in said] == [], said
     assert "Content-Encoding" not in compressed[1], "the body comes back decoded"
     assert unreadable[0] == 502 and b"'br'" in unreadable[2], unreadable
+
+
+def test_a_compressed_body_larger_than_a_decoded_piece_comes_back_whole(
+    upstream: tuple[int, Path],
+) -> None:
+    with _proxy(upstream) as proxy:
+        status, _, body = _get(proxy, "/big")
+    assert status == 401 and body.startswith(bytes(3 << 20)) and body.endswith(REDACTED)
+    assert [form for form in NAMED if form in body] == []
 
 
 def test_a_body_that_inflates_past_the_budget_is_cut(

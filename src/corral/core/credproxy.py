@@ -27,7 +27,7 @@ import secrets
 import ssl
 import threading
 import zlib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -87,6 +87,8 @@ _DROPPED_BACK = _DROPPED | {"content-encoding"}
 _DECODABLE = {b"identity", b"gzip", b"x-gzip", b"deflate"}
 #: zlib's window bits for "a zlib or gzip header, whichever it is"
 _ZLIB_OR_GZIP = 32 + zlib.MAX_WBITS
+#: bytes decoded at once (what a compressed body costs the harness's memory)
+_DECODED_PIECE = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -415,7 +417,8 @@ async def _relay_response(
             part = await _next(up, upstream)
         if not isinstance(part, h11.Data):
             break
-        await _send_data(exchange, exchange.redactor.feed(decode(bytes(part.data))))
+        for piece in decode(bytes(part.data)):
+            await _send_data(exchange, exchange.redactor.feed(piece))
     await _send_data(exchange, exchange.redactor.flush())
     await exchange.send(h11.EndOfMessage())
 
@@ -436,21 +439,27 @@ async def _send_data(exchange: _Exchange, data: bytes) -> None:
 
 
 class _Decoder:
-    """An answer's body as sent (identity) or decoded (gzip, deflate), never more than
-    `limit` bytes decoded: a small body that inflates past it ends the connection."""
+    """An answer's body as sent (identity) or decoded (gzip, deflate) in pieces of at
+    most `_DECODED_PIECE` bytes, never more than `limit` bytes in all: a small body that
+    inflates past it ends the connection, and none is held whole."""
 
     def __init__(self, coding: bytes, limit: int) -> None:
         self._zlib = None if coding == b"identity" else zlib.decompressobj(wbits=_ZLIB_OR_GZIP)
         self._left = limit
 
-    def __call__(self, data: bytes) -> bytes:
+    def __call__(self, data: bytes) -> Iterator[bytes]:
         if self._zlib is None:
-            return data
-        try:
-            out = self._zlib.decompress(data, self._left + 1)
-        except zlib.error as exc:
-            raise OverBudget("decoded_bytes", f"a body that does not decode: {exc}") from None
-        self._left -= len(out)
-        if self._left < 0:
-            raise OverBudget("decoded_bytes", "a response body that decodes past the budget")
-        return out
+            yield data
+            return
+        while True:
+            try:
+                out = self._zlib.decompress(data, _DECODED_PIECE)
+            except zlib.error as exc:
+                raise OverBudget("decoded_bytes", f"a body that does not decode: {exc}") from None
+            self._left -= len(out)
+            if self._left < 0:
+                raise OverBudget("decoded_bytes", "a response body that decodes past the budget")
+            yield out
+            data = self._zlib.unconsumed_tail
+            if not data and len(out) < _DECODED_PIECE:
+                return
