@@ -378,7 +378,10 @@ class KubernetesSession(EnvironmentSession):
             place, [helper, "--file-size", source] if helper else place.script(_SIZE, source)
         )
         _refused(remote, sized)
-        size = int(sized.stdout.strip())
+        printed = sized.stdout.strip()
+        if not (printed.isascii() and printed.isdigit()) or len(printed) > 19:
+            raise ProviderError(f"reading {remote!r}: its size came back as {printed[:40]!r}")
+        size = int(printed)
         file_limit(remote, size, max_bytes)
 
         def read_range(index: int, stop: threading.Event) -> bytes:
