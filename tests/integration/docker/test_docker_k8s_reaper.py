@@ -4,8 +4,9 @@ Pod reports the sandbox process's pid, so `targetContainerName`'s `/proc/<pid>/n
 the sandbox's own and runsc's `fixPidns` drops the namespace; there `kill(-1)` ended the
 probe and the services too, issue 40, 8).
 
-Re-enacted on the real engine with Linux's own namespaces, no cluster needed: one
-container stands for the Pod's root namespace (its PID 1 is none of the sandbox's), a
+Re-enacted on the real engine, no cluster needed, under runc (Linux's namespaces) and
+runsc (gVisor's own: its /proc, its namespace links, its `kill`): one container stands
+for the Pod's root namespace (its PID 1 is none of the sandbox's), a
 "sandbox" runs in a child PID and mount namespace with corral's busybox at /.corral and an
 idle PID 1 like the gate's, a "service" in another child namespace. The reaper's script,
 run from the root, must end the sandbox's processes but its PID 1 and touch nothing else.
@@ -58,9 +59,10 @@ def _processes(pod: Any) -> dict[int, str]:
 
 
 @pytest.fixture
-def pod(engine: Any, owner: str) -> Any:
+def pod(engine: Any, owner: str, runtime: str) -> Any:
     box = engine.containers.run(
         TEST_IMAGE,
+        runtime=runtime,
         entrypoint=["sleep", "infinity"],
         detach=True,
         labels={OWNER: owner},
