@@ -227,6 +227,14 @@ func main() {
 		procsStdioMain(cgroup)
 		return
 	}
+	if len(os.Args) >= 3 && os.Args[1] == "--file-size" {
+		fileSizeMain(os.Args[2])
+		return
+	}
+	if len(os.Args) >= 5 && os.Args[1] == "--file-range" {
+		fileRangeMain(os.Args[2], os.Args[3], os.Args[4])
+		return
+	}
 	if len(os.Args) >= 3 && os.Args[1] == "--procs" {
 		procsRelayMain(os.Args[2])
 		return

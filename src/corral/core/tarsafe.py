@@ -23,6 +23,7 @@ is in its way, symlinks included, and never follows them.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import secrets
@@ -36,7 +37,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, BinaryIO, cast
 
 from corral.core.treelimits import Tally
-from corral.errors import TransferLimitExceeded, UnsafeArchiveMember
+from corral.errors import RemotePathNotFound, TransferLimitExceeded, UnsafeArchiveMember
 
 CHUNK = 1024 * 1024
 _BLOCK = tarfile.BLOCKSIZE
@@ -490,6 +491,40 @@ def extract_file(
         assert source is not None, "a regular member always has a file object"
         with replacing(dest) as out:
             shutil.copyfileobj(source, out, CHUNK)
+
+
+#: how corral opens a sandbox's file to read it: a symlink at the path is refused, a FIFO
+#: cannot block the open, a terminal never becomes the controlling one
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def open_regular(path: Path, remote: str) -> BinaryIO:
+    """`path` (the sandbox's `remote`) open for reading, whatever was planted there: only a
+    regular file, judged by the descriptor that is read, never through a link at `path`."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except FileNotFoundError:
+        raise RemotePathNotFound(remote) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeArchiveMember(
+                f"sandbox path {remote!r} is a symlink; corral reads no file through one"
+            ) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode):
+        return os.fdopen(fd, "rb")
+    os.close(fd)
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"sandbox path {remote!r} is a directory")
+    kind = _KINDS.get(stat.S_IFMT(mode), "something else")
+    raise UnsafeArchiveMember(f"sandbox path {remote!r} is not a regular file ({kind})")
 
 
 def copy_at_most(source: BinaryIO, out: BinaryIO, size: int) -> None:

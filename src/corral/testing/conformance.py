@@ -11,6 +11,7 @@ refused at `open()`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import ipaddress
 import os
@@ -18,6 +19,7 @@ import re
 import secrets
 import shlex
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -27,6 +29,7 @@ from corral.core.environment import BaseEnvironment
 from corral.core.plan import ExecutionPlan
 from corral.core.session import EnvironmentSession
 from corral.errors import (
+    CorralError,
     FeatureUnsupported,
     NetworkPolicyUnsupported,
     RemotePathNotFound,
@@ -54,6 +57,7 @@ __all__ = [
     "test_conformance_nonzero_exit_is_a_result",
     "test_conformance_output_is_bounded",
     "test_conformance_sessions_are_isolated",
+    "test_conformance_special_files_are_refused_in_time",
     "test_conformance_stdin",
     "test_conformance_streaming_output",
     "test_conformance_timeout_kills_children",
@@ -255,6 +259,70 @@ async def test_conformance_missing_paths(
         with pytest.raises(FileNotFoundError):
             await sandbox.download_dir(f"{root}/no/such/dir", tmp_path / "y")
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+#: seconds a read of a planted special file may take to be refused
+REFUSED_WITHIN_S = 10.0
+#: what an agent leaves where the grader reads (issue 40, 9): links to endless devices and
+#: out of the sandbox, a FIFO nothing writes, devices themselves
+_PLANTED = (
+    "ln -s /dev/zero zero.txt && ln -s /etc/hostname out.txt && mkfifo fifo.txt "
+    "&& ln -s fifo.txt to-fifo.txt"
+)
+
+
+async def _read_answer(
+    sandbox: EnvironmentSession, read: Callable[[], Awaitable[object]], fifo: str
+) -> tuple[str, float]:
+    """How a read ended (its error's message, or "returned") and in how many seconds."""
+    started = time.monotonic()
+    answer = "returned"
+
+    async def release() -> None:
+        # A read stuck in a thread no cancellation stops (a FIFO's open) ends once a
+        # writer opens the FIFO: the test then fails on its time, it does not hang.
+        await anyio.sleep(REFUSED_WITHIN_S + 1)
+        await sandbox.exec(f"exec 3>{shlex.quote(fifo)}", timeout=5)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(release)
+        with anyio.move_on_after(REFUSED_WITHIN_S):
+            try:
+                await read()
+            except CorralError as exc:
+                answer = str(exc)
+        group.cancel_scope.cancel()
+    return answer, time.monotonic() - started
+
+
+@anyio_mark
+async def test_conformance_special_files_are_refused_in_time(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan, tmp_path: Path
+) -> None:
+    """Security round 4 (issue 40, 9): a read of a link to /dev/zero, a FIFO, a device or a
+    link out of the sandbox is refused with an error naming the path, within seconds, by
+    each file call; never an endless read nor a wait for a writer."""
+    async with corral_environment.session(corral_plan) as sandbox:
+        root = await _workdir(sandbox)
+        planted = await sandbox.exec(_PLANTED)
+        assert planted.ok, planted
+        fifo = f"{root}/fifo.txt"
+        answers: dict[str, tuple[str, float]] = {}
+        for name in ("zero.txt", "out.txt", "fifo.txt", "to-fifo.txt", "/dev/zero", "/dev/urandom"):
+            path = name if name.startswith("/") else f"{root}/{name}"
+            answers[f"read_text {name}"] = await _read_answer(
+                sandbox, functools.partial(sandbox.read_text, path), fifo
+            )
+            answers[f"download {name}"] = await _read_answer(
+                sandbox, functools.partial(sandbox.download, path, tmp_path / "got"), fifo
+            )
+        alive = await sandbox.exec("echo alive")
+    late = {call: seconds for call, (_, seconds) in answers.items() if seconds > REFUSED_WITHIN_S}
+    unnamed = {
+        call: answer for call, (answer, _) in answers.items() if call.split(" ", 1)[1] not in answer
+    }
+    assert late == {} and unnamed == {}, answers
+    assert alive.stdout == "alive\n" and not (tmp_path / "got").exists()
 
 
 def _make_tree(root: Path) -> set[str]:

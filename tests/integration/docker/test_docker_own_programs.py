@@ -189,12 +189,23 @@ async def test_read_text_and_download_refuse_a_huge_file_without_holding_it(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small"]  # noqa: ASYNC240
 
 
+@pytest.mark.parametrize(
+    "lie",
+    [
+        # Every large number the real stat prints (a size) becomes 10.
+        "#!/bin/sh\n/usr/bin/real-stat \"$@\" | sed -E 's/\\b[0-9]{7,}\\b/10/g'\n",
+        # Security round 4 (issue 40, Also): a small size, and no read bit for anything
+        # the adapter asks a mode of.
+        "#!/bin/sh\ncase \"$*\" in *%a*) echo 'file 000';; *) echo 10;; esac\n",
+    ],
+    ids=["size", "mode"],
+)
 async def test_inspect_read_file_limit_is_not_the_sandbox_s_stat(
-    docker_env: DockerEnvironment,
+    docker_env: DockerEnvironment, lie: str
 ) -> None:
     async with docker_env.session(ExecutionPlan(image=TEST_IMAGE)) as sandbox:
-        # Every large number the real stat prints (a size) becomes 10.
-        lie = "#!/bin/sh\n/usr/bin/real-stat \"$@\" | sed -E 's/\\b[0-9]{7,}\\b/10/g'\n"
+        await sandbox.write_text("/tmp/note", "kept")
+        assert await read_file(sandbox, "/tmp/note") == b"kept"
         await sandbox.write_text("/tmp/stat", lie)
         made = await sandbox.exec(
             "chmod 755 /tmp/stat && cp /usr/bin/stat /usr/bin/real-stat && "
@@ -205,8 +216,6 @@ async def test_inspect_read_file_limit_is_not_the_sandbox_s_stat(
         assert made.returncode == 0, made
         with pytest.raises(OutputLimitExceededError):
             await read_file(sandbox, "/tmp/big")
-        await sandbox.write_text("/tmp/note", "kept")
-        assert await read_file(sandbox, "/tmp/note") == b"kept"
 
 
 async def test_a_dns_flood_does_not_starve_corral_s_switches(

@@ -122,3 +122,61 @@ async def test_a_sandbox_that_can_ptrace_gets_no_verdict(namespace: str) -> None
         assert session.closed
     finally:
         await env.close(session)
+
+
+#: a service process started before the phase ends: its pid and start time must stay
+SERVICE_PROCESS = "setsid nohup sleep 7777 </dev/null >/dev/null 2>&1 & echo $!"
+#: the workload: background processes, a new session, a loop that respawns
+WORKLOAD = (
+    "nohup sleep 4321 </dev/null >/dev/null 2>&1 & "
+    "setsid sh -c 'while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &"
+)
+# The sandbox container's processes, listed by corral's busybox in a fresh exec.
+LISTED = "/.corral/busybox ps -o pid,args"
+
+
+async def _started(session: KubernetesSession, pid: str, service: str) -> str:
+    stat = await session.exec(["cat", f"/proc/{pid}/stat"], service=service)
+    assert stat.ok, stat.stderr
+    return stat.stdout.rsplit(")", 1)[1].split()[19]  # field 22, its start time
+
+
+def _containers(session: KubernetesSession) -> dict[str, tuple[str, int, bool]]:
+    target = session.target
+    pod: Any = target.clients.core.read_namespaced_pod(target.pod, target.namespace)
+    return {
+        s.name: (s.container_id, s.restart_count, s.state.running is not None)
+        for s in pod.status.container_statuses
+    }
+
+
+async def test_end_workload_ends_only_the_sandbox_s_processes_on_each_runtime(
+    runtime_env: KubernetesEnvironment,
+) -> None:
+    """Security round 4 (issue 40, 8): under gVisor the reaper's `kill(-1)` ended the probe
+    and the services too (exit 137), and reported clean. On runc and runsc alike, only the
+    sandbox container's processes end: a service's process lives on with its pid and start
+    time, every container keeps running unrestarted, the sandbox still answers."""
+    plan = ExecutionPlan.model_validate(
+        {
+            "image": TEST_IMAGE,
+            "services": {"box": {"image": TEST_IMAGE, "command": ["sleep", "infinity"]}},
+        }
+    )
+    async with runtime_env.session(plan) as session:
+        assert isinstance(session, KubernetesSession)
+        kept = await session.exec(SERVICE_PROCESS, service="box")
+        assert kept.ok, kept.stderr
+        pid = kept.stdout.strip()
+        started = await _started(session, pid, "box")
+        assert (await session.exec(WORKLOAD)).ok
+        await anyio.sleep(0.5)
+        before = await anyio.to_thread.run_sync(_containers, session)
+        listed = (await session.exec(LISTED)).stdout
+        assert "sleep 4321" in listed and "while" in listed, listed
+        await session.end_workload()
+        after = await anyio.to_thread.run_sync(_containers, session)
+        left = await session.exec(LISTED)
+        assert await _started(session, pid, "box") == started
+    assert after == before and all(running for _, _, running in after.values()), after
+    assert left.ok and "sleep 4321" not in left.stdout and "while" not in left.stdout, left

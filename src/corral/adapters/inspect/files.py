@@ -1,10 +1,11 @@
 """Inspect's `write_file`/`read_file` on a corral session, as the sandbox's default user.
 
 Writes go through `exec` (stdin into `cat`), so they are subject to that user's
-permissions and the file belongs to that user. Reads check the path as that user first
-(existence, directory, readability), then move the bytes with `download`, whose size
-limit corral's side enforces: nothing the sandbox's own `stat` says decides it. Like
-Inspect's own Docker sandbox, a file whose owner has no read bit is refused even to root.
+permissions and the file belongs to that user. Reads move the bytes with `download` first:
+its size limit, a missing path, a directory and anything but a regular file are decided
+on corral's side, so nothing the sandbox's own `sh` or `stat` prints decides them. Only
+then is the path checked as that user for readability: like Inspect's own Docker sandbox,
+a file whose owner has no read bit is refused even to root.
 """
 
 from __future__ import annotations
@@ -57,7 +58,6 @@ async def write_file(
 
 
 async def read_file(session: EnvironmentSession, file: str, *, service: str | None = None) -> bytes:
-    await _check_readable(session, file, service)
     with tempfile.TemporaryDirectory(prefix="corral-inspect-") as tmp:
         local = Path(tmp) / "file"
         try:
@@ -71,6 +71,7 @@ async def read_file(session: EnvironmentSession, file: str, *, service: str | No
             raise OutputLimitExceededError(
                 SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, truncated_output=None
             ) from None
+        await _check_readable(session, file, service)
         return await anyio.Path(local).read_bytes()
 
 

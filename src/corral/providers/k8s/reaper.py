@@ -4,7 +4,8 @@
 busybox) to the Pod, in the sandbox container's PID namespace (`targetContainerName`). Its
 script (below):
 
-1. calls `kill(-1, SIGKILL)` (ash's `kill` builtin, so the caller is the script itself).
+1. calls `kill(-1, SIGKILL)` (ash's `kill` builtin, so the caller is the script itself),
+   where it is in that namespace (see below for where it is not).
    The kernel sends it to every process of the namespace except its init and the caller,
    atomically with respect to fork, so nothing that double-forks, `setsid`s, renames
    itself or runs under another uid slips through.
@@ -25,6 +26,23 @@ CAP_SYS_PTRACE. So the reaper runs with CAP_SYS_PTRACE (which it does not otherw
 beside CAP_KILL, and refuses to give a verdict when the sandbox holds CAP_SYS_PTRACE too.
 The sandbox can still kill or stop the reaper before it sweeps; that is a failure, never a
 clean verdict.
+
+Where the reaper lands is checked, not assumed: PID 1 of its namespace must be the
+sandbox container's (its root holds corral's programs at `/.corral`, mounted in no other
+container). Not every runtime honours `targetContainerName`: under gVisor's runsc every
+container of a Pod reports the sandbox process's pid, so the target's `/proc/<pid>/ns/pid`
+that containerd names is the sandbox process's own, and runsc (`fixPidns`) then drops the
+PID namespace from the spec: the reaper runs in the root PID namespace of the Pod's
+kernel, where `kill(-1)` reached every container (sandbox, probe and services exited 137).
+There the reaper takes the sandbox container's namespace from its first process (the
+earliest started of those in another PID namespace than the reaper's whose root holds
+`/.corral`; the workload cannot nest namespaces, it holds no CAP_SYS_ADMIN) and sends
+SIGKILL to each process of that namespace but its init, round after round, until the
+kernel's table shows none; never `kill(-1)`.
+
+Nor is the reaper's word alone the verdict: the Pod's containers as the API server lists
+them after it (the kubelet's view, from the runtime) must be the same as before, each still
+running, never restarted, so a sweep that reached past the sandbox's processes fails.
 """
 
 from __future__ import annotations
@@ -38,17 +56,45 @@ from kubernetes.client.exceptions import ApiException
 from corral.errors import WorkloadNotStopped
 from corral.providers.k8s.api import call, explain, idempotent
 from corral.providers.k8s.execution import Target
-from corral.providers.k8s.pod import CONTAINER, FATAL_WAITING
+from corral.providers.k8s.pod import CONTAINER, FATAL_WAITING, PROGRAMS
 
 CAP_SYS_PTRACE = 19
 EXIT_CLEAN = 0
-# $1: tries (every 0.1 s) before giving up. Exit 0 clean, 1 processes left, 2 untrusted.
+# $1: tries (every 0.1 s) before giving up. Exit 0 clean, 1 processes left, 2 untrusted,
+# 3 no sandbox container found. `ns` empty: the reaper is in the sandbox's namespace and
+# `kill(-1)` (atomic with respect to fork) is the kill; else only processes of the PID
+# namespace `ns` are sent SIGKILL, one by one, round after round.
 _REAP = f"""
 me=$$
-kill -9 -1 2>/dev/null
 tries=$1
+init=1
+ns=
+if [ ! -e /proc/1/root{PROGRAMS}/busybox ]; then
+  init=
+  mine=$(readlink /proc/$me/ns/pid)
+  for dir in /proc/[0-9]*; do
+    pid=${{dir#/proc/}}
+    [ -e "$dir/root{PROGRAMS}/busybox" ] || continue
+    [ "$(readlink "$dir/ns/pid")" != "$mine" ] || continue
+    read -r stat 2>/dev/null <"$dir/stat" || continue
+    set -- ${{stat##*") "}}
+    if [ -z "$init" ] || [ "${{20}}" -lt "$first" ] || \
+      {{ [ "${{20}}" = "$first" ] && [ "$pid" -lt "$init" ]; }}; then
+      init=$pid
+      first=${{20}}
+    fi
+  done
+  [ -n "$init" ] && ns=$(readlink "/proc/$init/ns/pid")
+  if [ -z "$ns" ]; then
+    echo "found no process of the sandbox container (none has {PROGRAMS} in its root)" \
+      >/dev/termination-log
+    exit 3
+  fi
+else
+  kill -9 -1 2>/dev/null
+fi
 bounding=ffffffffffffffff
-while read -r key value; do [ "$key" = CapBnd: ] && bounding=$value; done </proc/1/status
+while read -r key value; do [ "$key" = CapBnd: ] && bounding=$value; done </proc/$init/status
 if [ $(( 0x$bounding >> {CAP_SYS_PTRACE} & 1 )) = 1 ]; then
   echo "the sandbox holds CAP_SYS_PTRACE, so it could forge the reaper's verdict" \
     >/dev/termination-log
@@ -58,7 +104,8 @@ while :; do
   left=
   for dir in /proc/[0-9]*; do
     pid=${{dir#/proc/}}
-    [ "$pid" = 1 ] || [ "$pid" = "$me" ] && continue
+    [ "$pid" = "$init" ] || [ "$pid" = "$me" ] && continue
+    [ -z "$ns" ] || [ "$(readlink "$dir/ns/pid")" = "$ns" ] || continue
     read -r stat 2>/dev/null <"$dir/stat" || continue
     set -- ${{stat##*") "}}
     [ "$1" = Z ] || [ "$1" = X ] || [ "$2" = "$me" ] || left="$left $pid"
@@ -66,7 +113,7 @@ while :; do
   if [ -z "$left" ]; then echo clean >/dev/termination-log; exit 0; fi
   tries=$((tries - 1))
   if [ "$tries" -le 0 ]; then echo "still alive:$left" >/dev/termination-log; exit 1; fi
-  kill -9 -1 2>/dev/null
+  if [ -z "$ns" ]; then kill -9 -1 2>/dev/null; else kill -9 $left 2>/dev/null; fi
   sleep 0.1
 done
 """
@@ -86,11 +133,28 @@ class Reaper:
     async def end_workload(self) -> None:
         tries = max(1, int(self.timeout_s * 10))
         async with self._lock:
+            before = _containers(await self._pod())
             code, message = await self.run(_REAP, str(tries))
+            after = _containers(await self._pod())
         if code != EXIT_CLEAN:
             raise WorkloadNotStopped(
                 f"Pod {self.target.pod}: the reaper exited {code}: {message.strip()}"
             )
+        changed = sorted(name for name in before if after.get(name) != before[name])
+        if changed:
+            raise WorkloadNotStopped(
+                f"Pod {self.target.pod}: the reaper reported clean, but container(s) "
+                f"{', '.join(changed)} did not keep running as they were: "
+                + "; ".join(f"{n}: {before[n]} -> {after.get(n, 'gone')}" for n in changed)
+            )
+
+    async def _pod(self) -> Any:
+        return await idempotent(
+            self.target.tokens,
+            self.target.clients.core.read_namespaced_pod,
+            self.target.pod,
+            self.target.namespace,
+        )
 
     async def run(self, script: str, *args: str) -> tuple[int, str]:
         """Run busybox `sh -c script` in the sandbox's PID namespace, as the reaper does;
@@ -141,12 +205,7 @@ class Reaper:
     async def _terminated(self, name: str) -> tuple[int, str]:
         delay = 0.05
         while True:
-            pod: Any = await idempotent(
-                self.target.tokens,
-                self.target.clients.core.read_namespaced_pod,
-                self.target.pod,
-                self.target.namespace,
-            )
+            pod = await self._pod()
             if pod.status.phase in ("Failed", "Succeeded"):
                 raise WorkloadNotStopped(
                     f"Pod {self.target.pod} has ended (phase {pod.status.phase})"
@@ -167,3 +226,16 @@ class Reaper:
                     return int(done.exit_code), str(done.message or "")
             await anyio.sleep(delay)
             delay = min(delay * 2, 0.25)
+
+
+def _containers(pod: Any) -> dict[str, str]:
+    """Each of the Pod's containers (not the ephemeral ones) as the kubelet reports it:
+    its runtime id, restarts, and whether it runs; what a reaper must leave as it was."""
+    statuses: list[Any] = pod.status.container_statuses or []
+    return {
+        status.name: (
+            f"{status.container_id} restarts={status.restart_count} "
+            f"{'running' if status.state is not None and status.state.running else 'not running'}"
+        )
+        for status in statuses
+    }

@@ -14,6 +14,7 @@ import posixpath
 import tarfile
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -90,11 +91,24 @@ _UNTAR = (
     '&& head -c "$2" | tar -x -f - -C "$1"'
 )
 _TAR = '[ -d "$1" ] || exit 44; cd "$1" && exec tar -c -f - .'
-_SIZE = '[ -e "$1" ] || exit 44; [ -d "$1" ] && exit 45; wc -c < "$1"'
+# A read in the sandbox container is corral's helper's (`--file-size`, `--file-range`):
+# it opens the path without following a link there nor blocking on a FIFO, and reads only
+# a regular file. Where the helper is not there (a service, exec_channel=False) these
+# scripts make the same checks with the container's tools; what the workload swaps in
+# between check and read is bounded by `dd`'s count and by the deadlines below.
+_REGULAR = (
+    '[ -L "$1" ] && exit 46; [ -e "$1" ] || exit 44; [ -d "$1" ] && exit 45; [ -f "$1" ] || exit 47'
+)
+_SIZE = f'{_REGULAR}; wc -c < "$1"'
 # One range of a file; `dd` counts in MiB blocks.
-_RANGE = 'exec dd if="$1" bs=1048576 skip="$2" count="$3" 2>/dev/null'
+_RANGE = f'{_REGULAR}; exec dd if="$1" bs=1048576 skip="$2" count="$3" 2>/dev/null'
+NOT_REGULAR = 47
 RANGE_MIB = 8
 RANGE_TRIES = 3
+#: seconds corral waits for a file's size (a stat), whatever the plan's timeout
+SIZE_DEADLINE_S = 30.0
+#: seconds for one range (RANGE_MIB) of a read
+RANGE_DEADLINE_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -262,10 +276,19 @@ class KubernetesSession(EnvironmentSession):
 
     async def _plain(self, place: Place, argv: list[str]) -> ExecResult:
         """A command of corral's own (the file calls' checks): one websocket exec, never
-        through the exec channel, whose helper the workload controls."""
-        return await run_own(
-            place.target, argv, timeout=self.default_timeout, output_limit=self.output_limit
-        )
+        through the exec channel, whose helper the workload controls; bounded in time by
+        corral even where the plan sets no timeout."""
+        deadline = min(SIZE_DEADLINE_S, self.default_timeout or SIZE_DEADLINE_S)
+        return await run_own(place.target, argv, timeout=deadline, output_limit=self.output_limit)
+
+    async def _reader(self, place: Place) -> str | None:
+        """corral's helper as `place` runs it, for file reads; None where it has none."""
+        if not place.corral_s or not isinstance(self.executor, ChannelExecutor):
+            return None
+        try:
+            return await self.executor.installed()
+        except (ChannelUnavailable, ProviderError):
+            return None
 
     async def _stream_in(
         self,
@@ -350,24 +373,32 @@ class KubernetesSession(EnvironmentSession):
         """
         place = self._place(service)
         source = self._absolute(remote, place.workdir)
-        sized = await self._plain(place, place.script(_SIZE, source))
-        if sized.returncode == MISSING:
-            raise RemotePathNotFound(remote)
-        if sized.returncode == IS_DIR:
-            raise IsADirectoryError(f"sandbox path {remote!r} is a directory")
-        if sized.returncode != 0:
-            raise ProviderError(f"reading {remote!r} failed: {sized.stderr.strip()}")
-        size = int(sized.stdout.strip())
+        helper = await self._reader(place)
+        sized = await self._plain(
+            place, [helper, "--file-size", source] if helper else place.script(_SIZE, source)
+        )
+        _refused(remote, sized)
+        printed = sized.stdout.strip()
+        if not (printed.isascii() and printed.isdigit()) or len(printed) > 19:
+            raise ProviderError(f"reading {remote!r}: its size came back as {printed[:40]!r}")
+        size = int(printed)
         file_limit(remote, size, max_bytes)
 
         def read_range(index: int, stop: threading.Event) -> bytes:
             want = min(RANGE_MIB << 20, size - (index * RANGE_MIB << 20))
-            argv = place.script(_RANGE, source, str(index * RANGE_MIB), str(RANGE_MIB))
+            where = (source, str(index * RANGE_MIB), str(RANGE_MIB))
+            argv = [helper, "--file-range", *where] if helper else place.script(_RANGE, *where)
             for _ in range(RANGE_TRIES):
-                execution = ExecStream(place.target, argv, stop=stop)
-                data = b"".join(d for n, d in execution if n == "stdout")
+                deadline = time.monotonic() + RANGE_DEADLINE_S
+                execution = ExecStream(place.target, argv, deadline=deadline, stop=stop)
+                data = _at_most(remote, execution, want)
                 if stop.is_set():  # cancelled: `local` is left as it was
                     raise ProviderError(f"reading {remote!r} was cancelled")
+                if execution.timed_out:
+                    raise ProviderError(
+                        f"reading {remote!r}: {RANGE_MIB} MiB of it took over "
+                        f"{RANGE_DEADLINE_S:.0f} s (RANGE_DEADLINE_S)"
+                    )
                 if len(data) == want:
                     return data
             raise ProviderError(f"reading {remote!r}: the Pod kept sending short ranges")
@@ -523,3 +554,39 @@ def _spool(spool: IO[bytes], listed: bytes, chunks: Iterable[bytes], stop: threa
     size = spool.tell() - len(listed)
     spool.seek(0)
     return size
+
+
+def _refused(remote: str, sized: ExecResult) -> None:
+    """A file read's size check that did not find a regular file, as an error naming it."""
+    code = sized.returncode
+    if code == 0 and not sized.timed_out:
+        return
+    if code == MISSING:
+        raise RemotePathNotFound(remote)
+    if code == IS_DIR:
+        raise IsADirectoryError(f"sandbox path {remote!r} is a directory")
+    if code == IS_LINK:
+        raise UnsafeArchiveMember(
+            f"sandbox path {remote!r} is a symlink; corral reads no file through one"
+        )
+    if code == NOT_REGULAR:
+        kind = sized.stderr.strip()[:40] or "something else"
+        raise UnsafeArchiveMember(f"sandbox path {remote!r} is not a regular file ({kind})")
+    if sized.timed_out:
+        raise ProviderError(
+            f"reading {remote!r}: no size came back in time ({SIZE_DEADLINE_S:.0f} s, "
+            "SIZE_DEADLINE_S, or the plan's timeout)"
+        )
+    raise ProviderError(f"reading {remote!r} failed: {sized.stderr.strip()}")
+
+
+def _at_most(remote: str, execution: ExecStream, want: int) -> bytes:
+    """The stdout of a range's exec, refused once past the `want` bytes corral asked for
+    (the sandbox's root can write into the reader's stdout)."""
+    data = bytearray()
+    for name, chunk in execution:
+        if name == "stdout":
+            data += chunk
+            if len(data) > want:
+                raise ProviderError(f"reading {remote!r}: the Pod sent more than was asked")
+    return bytes(data)

@@ -26,7 +26,7 @@ from corral.core.session import (
 )
 from corral.core.snapshot import SnapshotRef
 from corral.core.snapshot_store import SnapshotRecord, SnapshotShelf
-from corral.core.tarsafe import copy_at_most, extract_tar, file_limit, pack_dir
+from corral.core.tarsafe import copy_at_most, extract_tar, file_limit, open_regular, pack_dir
 from corral.errors import (
     ConfigError,
     FeatureUnsupported,
@@ -183,12 +183,10 @@ class LocalSession(EnvironmentSession):
     async def _download(
         self, remote: str, local: Path, service: str | None, max_bytes: int | None
     ) -> None:
-        source = self._existing(remote)
-        if source.is_dir():
-            raise IsADirectoryError(f"sandbox path {remote!r} is a directory")
+        source = self._path(remote, follow=False)
 
         def copy() -> None:
-            with source.open("rb") as src:
+            with open_regular(source, remote) as src:
                 # Measured on the descriptor that is read, and the copy held to it: the
                 # file may grow while it is copied.
                 size = os.fstat(src.fileno()).st_size
@@ -229,12 +227,10 @@ class LocalSession(EnvironmentSession):
         max_bytes: int | None = READ_TEXT_LIMIT_BYTES,
     ) -> str:
         self.service_name(service)
-        source = self._existing(path)
-        if source.is_dir():
-            raise IsADirectoryError(f"sandbox path {path!r} is a directory")
+        source = self._path(path, follow=False)
 
         def read() -> bytes:
-            with source.open("rb") as src:
+            with open_regular(source, path) as src:
                 size = os.fstat(src.fileno()).st_size
                 file_limit(path, size, max_bytes)
                 return src.read(size)
