@@ -8,6 +8,11 @@ in the command's reach (its stdin is `/dev/null`). The process manager records w
 carries only after everything written before it to stdout and stderr, so the output that
 precedes a status is exactly the command's, whatever the command prints.
 
+fd 3 stays within the command's reach all the same (root opens `/proc/$PPID/fd/3`), so
+what it carries is read as hostile: at most `STATUS_BUDGET` bytes per run, each line of
+the shape the shell writes (`<16 hex> <status>`), parsed in one pass. Anything else is
+not a status: the shell is killed and says why on this and every later `run`.
+
 The shell is interactive (`-i`, without a terminal and without job control), which is
 what lets an interrupt (SIGINT to its process group) end the running command, a loop of
 builtins included, and leave the shell reading its next command. A timed-out command is
@@ -17,6 +22,8 @@ killed; if it still does not, the shell is killed and says so on the next `run`.
 
 from __future__ import annotations
 
+import contextlib
+import re
 import secrets
 import shlex
 import signal
@@ -29,7 +36,7 @@ import anyio
 from corral.core.capture import Capture
 from corral.core.processes import Gap, Item, ProcessExited, ProcessManager, StartRequest
 from corral.core.session import TIMEOUT_RETURNCODE, ExecResult
-from corral.errors import ProviderError
+from corral.errors import ProcessNotFound, ProviderError
 
 #: seconds a command gets to stop after an interrupt, then after its group is killed
 GRACE_S = 2.0
@@ -47,6 +54,49 @@ SETUP = (
     "unset HISTFILE"
 )
 PROMPTS = {"PS1": "", "PS2": "", "PS4": "+ "}
+#: bytes fd 3 may carry in one run: a status line is at most 21 bytes, a run writes a few
+STATUS_BUDGET = 4096
+_STATUS_LINE = re.compile(rb"([0-9a-f]{16}) ([0-9]{1,3})")
+
+
+class StatusViolation(Exception):
+    """fd 3 carried something no shell of corral's writes there."""
+
+
+class StatusLines:
+    """fd 3's lines as `(token, status)`, from its bytes as they arrive: every byte is
+    scanned once and copied at most twice, whatever the chunks, and at most
+    `STATUS_BUDGET` of them are taken per run."""
+
+    def __init__(self) -> None:
+        self._partial = bytearray()
+        self._taken = 0
+
+    def next_run(self) -> None:
+        self._taken = len(self._partial)
+
+    def feed(self, data: bytes) -> list[tuple[str, int]]:
+        self._taken += len(data)
+        if self._taken > STATUS_BUDGET:
+            raise StatusViolation(
+                f"its status stream (fd 3) carried over {STATUS_BUDGET} bytes in one run "
+                "(STATUS_BUDGET)"
+            )
+        scanned = len(self._partial)
+        self._partial += data
+        cut = self._partial.rfind(b"\n", scanned)
+        if cut < 0:
+            return []
+        complete = bytes(self._partial[:cut])
+        del self._partial[: cut + 1]
+        return [_status_line(line) for line in complete.split(b"\n")]
+
+
+def _status_line(line: bytes) -> tuple[str, int]:
+    match = _STATUS_LINE.fullmatch(line)
+    if match is None:
+        raise StatusViolation(f"its status stream (fd 3) carried {line[:40]!r}, not a status")
+    return match[1].decode(), int(match[2])
 
 
 def shell_request(request: StartRequest) -> StartRequest:
@@ -73,7 +123,7 @@ class Shell:
         self._output_limit = output_limit
         self._stack = AsyncExitStack()
         self._items: AsyncIterator[Item] | None = None
-        self._status = bytearray()
+        self._status = StatusLines()
         self._lock = anyio.Lock()
         #: tokens of the interrupts sent while the current `run` runs: each ends it (130)
         self._interrupts: set[str] = set()
@@ -119,6 +169,7 @@ class Shell:
             capture = Capture(self._output_limit, None)
             token = secrets.token_hex(8)
             self._interrupts.clear()  # an earlier command's are not this one's
+            self._status.next_run()
             finished = False
             try:
                 await self._send(f"{{ eval {shlex.quote(command)}\n}} </dev/null 3>&-", token)
@@ -129,7 +180,7 @@ class Shell:
             finally:
                 if not finished:
                     with anyio.CancelScope(shield=True):
-                        await self._interrupt(capture)
+                        await self._stop(capture)
             return capture.result(TIMEOUT_RETURNCODE, timed_out=True)
 
     async def interrupt(self) -> None:
@@ -174,17 +225,27 @@ class Shell:
             if stream != "status":
                 await capture.emit(stream, data)
                 continue
-            self._status += data
-            while b"\n" in self._status:
-                line, _, rest = bytes(self._status).partition(b"\n")
-                self._status[:] = rest
-                said, _, status = line.decode(errors="replace").partition(" ")
+            try:
+                lines = self._status.feed(data)
+            except StatusViolation as exc:
+                self.dead = str(exc)
+                raise ProviderError(f"shell {self.id!r} was killed: {exc}") from None
+            for said, status in lines:
                 if said in tokens:
-                    return int(status) if status.isdigit() else 1
+                    return status
                 if said in self._interrupts:
                     return INTERRUPTED
         self.dead = "its output ended"
         raise ProviderError(f"shell {self.id!r} ended without a status")
+
+    async def _stop(self, capture: Capture) -> None:
+        """After a run that did not finish: interrupt its command, or kill a shell that
+        can run nothing more."""
+        if self.dead is None:
+            await self._interrupt(capture)
+            return
+        with contextlib.suppress(ProviderError, ProcessNotFound):  # the run's error stands
+            await self._manager.kill(self.id)
 
     async def _interrupt(self, capture: Capture) -> None:
         """End the running command and wait for the shell to read again, or kill it."""
