@@ -4,15 +4,17 @@ real manager runs in every provider's conformance suite (`corral.testing.process
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
 from anyio.lowlevel import EventLoopToken, current_token
 
 from corral.core.processes import KILLED, Gap, ProcessExited, PtySize, StartRequest
-from corral.errors import ConfigError, ProcessNotFound, RemotePathNotFound
+from corral.errors import ConfigError, ProcessNotFound, ProviderError, RemotePathNotFound
 from corral.helper.link import frame
 from corral.helper.procs import WINDOW, ProcessClient, ProcessLink
 from tests.unit.fake_helper import FakeHelper
@@ -95,11 +97,20 @@ async def test_a_reader_gives_the_window_back_as_it_takes_output() -> None:
     chunk = b"x" * 32768
     count = WINDOW // len(chunk) + 2
 
+    unsent = count
+
+    def chunks(rid: int, size: int) -> list[bytes]:
+        nonlocal unsent
+        sent = min(unsent, size // len(chunk))
+        unsent -= sent
+        return [frame("o", rid, chunk)] * sent
+
     def stream(kind: int, rid: int, payload: bytes) -> list[bytes]:
         if kind == ord("A"):
             assert _json(payload) == {"proc": 7, "offset": 0, "window": WINDOW}
-            data = [frame("o", rid, chunk) for _ in range(count)]
-            return [frame("B", rid, b'{"offset": 0, "dropped": 0}'), *data]
+            return [frame("B", rid, b'{"offset": 0, "dropped": 0}'), *chunks(rid, WINDOW)]
+        if kind == ord("W"):
+            return chunks(rid, _json(payload)["bytes"])
         return _starts(kind, rid, payload)
 
     manager = FakeHelper(stream, HELLO)
@@ -147,3 +158,66 @@ async def test_refusals_name_the_process() -> None:
     with pytest.raises(ConfigError, match="no terminal"):
         await client.resize("e1-7", PtySize())
     await client.aclose()
+
+
+def _attacher(*frames: bytes) -> FakeHelper:
+    """A manager that answers the first attach with `frames` (`{id}` in them: its id)."""
+
+    def answer(kind: int, rid: int, payload: bytes) -> list[bytes]:
+        if kind == ord("A"):
+            return [f.replace(b"{id}", rid.to_bytes(4, "big")) for f in frames]
+        return _starts(kind, rid, payload)
+
+    return FakeHelper(answer, HELLO)
+
+
+def _on(kind: str, payload: bytes = b"") -> bytes:
+    """A frame for the attach's own id (see `_attacher`)."""
+    return frame(kind, 0, payload)[:5] + b"{id}" + payload
+
+
+GAP = b'{"offset": 0, "dropped": 0}'
+PAST_THE_WINDOW = [_on("o", b"x" * 32768)] * (WINDOW // 32768) + [_on("o", b"forged")]
+
+
+@pytest.mark.parametrize(
+    ("frames", "said"),
+    [
+        (PAST_THE_WINDOW, "6 bytes on attach 1, 0 left of its window"),
+        ([_on("o", b"")], "0 bytes on attach 1, 262144 left of its window"),
+        ([_on("B", GAP), _on("B", GAP)], "'B' on attach 1"),
+        ([_on("X", b"{}"), _on("o", b"forged")], "'o' on attach 1 after its end"),
+        ([frame("o", 99, b"forged")], "a frame for id 99, which was never asked for"),
+    ],
+)
+async def test_frames_the_protocol_does_not_allow_end_the_link_never_as_data(
+    frames: list[bytes], said: str
+) -> None:
+    manager = _attacher(*frames)
+    client = _client(manager)
+    data: list[bytes] = []
+    async with client.attach("e1-7", 0) as items:
+        link = client._link  # pyright: ignore[reportPrivateUsage]
+        assert link is not None
+        # All of it arrives before anything is taken: the link is shut for it.
+        assert await anyio.to_thread.run_sync(manager.closed.wait, 5)
+        with contextlib.suppress(ProviderError):
+            data += [item[1] async for item in items if isinstance(item, tuple)]
+    assert link.dead == f"the helper broke the protocol: {said}"
+    assert b"forged" not in data and sum(map(len, data)) <= WINDOW
+    assert manager.closed.is_set(), "the link was shut: the next call makes a new one"
+
+
+async def test_a_second_reply_to_one_call_ends_the_link() -> None:
+    def twice(kind: int, rid: int, payload: bytes) -> list[bytes]:
+        if kind == ord("G"):
+            return [frame("Y", rid) + frame("Y", rid)]  # one read: both reach its mailbox
+        return _starts(kind, rid, payload)
+
+    manager = FakeHelper(twice, HELLO)
+    client = _client(manager)
+    await client.signal("e1-7", 2)
+    link = client._link  # pyright: ignore[reportPrivateUsage]
+    assert link is not None
+    assert link.dead == "the helper broke the protocol: a second reply on id 1"
+    assert manager.closed.is_set()

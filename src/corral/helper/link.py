@@ -5,8 +5,10 @@ Frames, both ways: `u32 length | u8 kind | u32 id | payload` (length counts kind
 payload). A `Transport` carries the bytes (Docker: the engine's hijacked exec socket;
 Kubernetes: the exec websocket; `local`: a child's pipes); one reader thread per link
 parses what arrives and hands each frame, on the event loop, to the mailbox of its id.
-What arrives is read as hostile input: frames are bounded, and a malformed one breaks
-the link, never the harness.
+What arrives is read as hostile input: frames are bounded, a malformed one breaks the
+link, never the harness, and so does one its protocol does not allow (`_admit`: for an
+id never asked for, past a window, after an end), so what a mailbox holds is bounded
+by the protocol, never by the far side's good manners.
 """
 
 from __future__ import annotations
@@ -138,6 +140,8 @@ class FrameLink:
         self.hello: dict[str, Any] = {}
         self.ids = itertools.count(1)
         self._boxes: dict[int, MemoryObjectSendStream[Message]] = {}
+        #: the highest id a mailbox was opened for: a frame for a higher one is a lie
+        self._asked = 0
         self._parser = FrameParser()
         self._thread: threading.Thread | None = None
         self.sandbox_id = sandbox_id
@@ -181,9 +185,24 @@ class FrameLink:
     def _deliver(self, frames: list[tuple[int, int, bytes]]) -> None:
         for kind, rid, payload in frames:
             box = self._boxes.get(rid)
-            if box is not None:
-                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    box.send_nowait((kind, payload))
+            if box is None and rid <= self._asked:
+                continue  # a late frame for a call given up: nothing waits for it
+            violation = (
+                f"a frame for id {rid}, which was never asked for"
+                if box is None
+                else self._admit(rid, kind, payload)
+            )
+            if box is None or violation is not None:
+                self._broken(f"the helper broke the protocol: {violation}")
+                self.close()
+                return
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                box.send_nowait((kind, payload))
+
+    def _admit(self, rid: int, kind: int, payload: bytes) -> str | None:
+        """Why the protocol does not allow this frame into the open mailbox of `rid`, or
+        None. On the event loop, before the frame is queued."""
+        return None
 
     def _broken(self, reason: str) -> None:
         if self.dead is None:
@@ -210,9 +229,11 @@ class FrameLink:
     # -- the event loop side ---------------------------------------------------------------
 
     def open_box(self, rid: int) -> MemoryObjectReceiveStream[Message]:
-        # Unbounded: what a box can hold is bounded by the protocol (a reply, or a window).
+        # Unbounded here: what a box may hold is bounded by the protocol, which `_admit`
+        # enforces (a reply, or a window).
         send, receive = anyio.create_memory_object_stream[Message](math.inf)
         self._boxes[rid] = send
+        self._asked = max(self._asked, rid)
         if self.dead is not None:
             send.send_nowait((0, self.dead.encode()))
         return receive

@@ -27,6 +27,7 @@ import contextlib
 import json
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -45,7 +46,7 @@ from corral.core.processes import (
     StreamKind,
 )
 from corral.errors import ConfigError, ProcessNotFound, ProviderError, RemotePathNotFound
-from corral.helper.link import FrameLink, Message, frame
+from corral.helper.link import FrameLink, Message, Transport, frame
 
 VERSION = 2
 #: bytes of one process's output a reader may have in flight to the harness
@@ -57,17 +58,76 @@ START_REPLY_S = 10.0
 #: seconds `aclose` waits for the reader thread
 CLOSE_WAIT_S = 5.0
 _STREAMS: dict[int, StreamKind] = {ord("o"): "stdout", ord("e"): "stderr", ord("t"): "status"}
-_ENDS = (ord("X"), ord("F"), 0)
+#: an attach ends with its exit, a refusal, or the answer to its detach
+_ATTACH_ENDS = frozenset(b"XFY")
+
+
+@dataclass
+class _Window:
+    """What an attach may still receive: `left` bytes of output, a `B` only before
+    output or at the start, nothing after its end."""
+
+    left: int
+    resumed: bool = False
+    ended: bool = False
 
 
 class ProcessLink(FrameLink):
-    """One connection to a process manager."""
+    """One connection to a process manager, which lives where the workload reaches it:
+    every mailbox holds what the protocol allows and no more. A call's holds one reply;
+    an attach's at most the window granted (`WINDOW`, then each `W`), its frames each
+    carrying output, a `B` never twice in a row. Anything else ends the link."""
 
     version = VERSION
+    streamed = frozenset(_STREAMS)
+
+    def __init__(
+        self, transport: Transport, token: EventLoopToken, key: str, tokens: int, sandbox_id: str
+    ) -> None:
+        super().__init__(transport, token, key, tokens, sandbox_id)
+        self._windows: dict[int, _Window] = {}
+        self._answered: set[int] = set()
 
     @property
     def epoch(self) -> str:
         return str(self.hello.get("epoch", ""))
+
+    def open_attach(self, rid: int) -> MemoryObjectReceiveStream[Message]:
+        self._windows[rid] = _Window(WINDOW)
+        return self.open_box(rid)
+
+    def grant(self, rid: int, size: int) -> None:
+        """`size` more bytes for attach `rid`: before the `W` that says so goes out."""
+        window = self._windows.get(rid)
+        if window is not None:
+            window.left += size
+
+    def close_box(self, rid: int, receive: MemoryObjectReceiveStream[Message]) -> None:
+        self._windows.pop(rid, None)
+        self._answered.discard(rid)
+        super().close_box(rid, receive)
+
+    def _admit(self, rid: int, kind: int, payload: bytes) -> str | None:
+        window = self._windows.get(rid)
+        if window is None:
+            if rid in self._answered:
+                return f"a second reply on id {rid}"
+            self._answered.add(rid)
+            return None
+        if window.ended:
+            return f"{chr(kind)!r} on attach {rid} after its end"
+        if kind in _STREAMS:
+            if not 0 < len(payload) <= window.left:
+                return f"{len(payload)} bytes on attach {rid}, {window.left} left of its window"
+            window.left -= len(payload)
+            window.resumed = False
+        elif kind == ord("B") and not window.resumed:
+            window.resumed = True
+        elif kind in _ATTACH_ENDS:
+            window.ended = True
+        else:
+            return f"{chr(kind)!r} on attach {rid}"
+        return None
 
 
 #: how a provider connects: a started link that said hello, or ProviderError
@@ -127,12 +187,18 @@ class _Subscription:
             self._taken += len(payload)
             if self._taken >= WINDOW // 2:
                 grant = json.dumps({"bytes": self._taken}).encode()
+                self.link.grant(self.rid, self._taken)
                 self._taken = 0
                 await self.link.write(frame("W", self.rid, grant))
             return (stream, payload)
         if kind == ord("B"):
             resumed = _json(payload)
-            return Gap(offset=int(resumed["offset"]), dropped=int(resumed["dropped"]))
+            try:
+                return Gap(offset=int(resumed["offset"]), dropped=int(resumed["dropped"]))
+            except (KeyError, TypeError, ValueError):
+                raise ProviderError(
+                    f"the process manager said nonsense: {payload[:120]!r}"
+                ) from None
         self.done = True
         if kind == ord("X"):
             exit_info = _json(payload)
@@ -248,7 +314,7 @@ class ProcessClient:
             return
         link, number = located
         rid = next(link.ids)
-        box = link.open_box(rid)
+        box = link.open_attach(rid)
         subscription = _Subscription(link, rid, box)
         try:
             request = {"proc": number, "offset": offset, "window": WINDOW}
