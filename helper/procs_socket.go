@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -86,7 +87,9 @@ func startDaemon(sid string) error {
 }
 
 // checkManager makes sure the address is held by this same program in this sandbox,
-// not by a workload squatting it.
+// not by a workload squatting it. corral-exec is non-dumpable (package nodump), so its
+// exe link refuses a peer without CAP_SYS_PTRACE: one that shows its exe is not ours
+// unless it is this same file.
 func checkManager(conn *net.UnixConn) error {
 	cred, err := peerCred(conn)
 	switch {
@@ -96,9 +99,9 @@ func checkManager(conn *net.UnixConn) error {
 		return fmt.Errorf("the process manager's address is held by uid %d", cred.Uid)
 	case cred.Pid <= 0:
 		return errors.New("the process manager's address is held from outside this PID namespace")
-	case !sameLink(cred.Pid, "exe"):
+	case !sameExe(cred.Pid):
 		return fmt.Errorf("the process manager's address is held by another program (pid %d)", cred.Pid)
-	case !sameLink(cred.Pid, "ns/mnt"):
+	case !sameMounts(cred.Pid):
 		return fmt.Errorf("the process manager's address is held from another mount namespace (pid %d)", cred.Pid)
 	}
 	return nil
@@ -120,13 +123,36 @@ func peerCred(conn *net.UnixConn) (*syscall.Ucred, error) {
 	return cred, err
 }
 
-func sameLink(pid int32, name string) bool {
-	mine, err := os.Readlink("/proc/self/" + name)
+// sameExe: pid runs this program, or is non-dumpable as this program makes itself.
+func sameExe(pid int32) bool {
+	mine, err := os.Readlink("/proc/self/exe")
 	if err != nil {
 		return false
 	}
-	theirs, err := os.Readlink("/proc/" + strconv.Itoa(int(pid)) + "/" + name)
-	return err == nil && theirs == mine
+	theirs, err := os.Readlink("/proc/" + strconv.Itoa(int(pid)) + "/exe")
+	return theirs == mine || errors.Is(err, syscall.EACCES)
+}
+
+// sameMounts: pid sees the mounts this process sees, from the same root. Its ns/mnt
+// link is closed to us as its exe is; its mountinfo is not, and mount ids are unique
+// on the host, so another namespace's never reads the same.
+func sameMounts(pid int32) bool {
+	mine, err := readBounded("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	theirs, err := readBounded("/proc/" + strconv.Itoa(int(pid)) + "/mountinfo")
+	return err == nil && bytes.Equal(theirs, mine)
+}
+
+// readBounded reads at most 4 MiB of a file: what the sandbox shows is bounded.
+func readBounded(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, 4<<20))
 }
 
 func procsServeMain(sid string) {
@@ -161,5 +187,5 @@ func procsServeMain(sid string) {
 func clientAllowed(conn *net.UnixConn) bool {
 	cred, err := peerCred(conn)
 	return err == nil && cred.Pid > 0 && (int(cred.Uid) == os.Getuid() || cred.Uid == 0) &&
-		sameLink(cred.Pid, "ns/mnt")
+		sameMounts(cred.Pid)
 }
