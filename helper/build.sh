@@ -9,6 +9,6 @@ out=../src/corral/helper/bin
 mkdir -p "$out"
 for arch in ${CORRAL_HELPER_ARCHS:-amd64 arm64}; do
   CGO_ENABLED=0 GOOS=linux GOARCH=$arch GOFLAGS=-mod=mod \
-    go build -trimpath -buildvcs=false -ldflags='-s -w' -o "$out/corral-exec-linux-$arch.tmp" .
+    go build -trimpath -buildvcs=false -ldflags='-s -w -E main.rt0' -o "$out/corral-exec-linux-$arch.tmp" .
   mv "$out/corral-exec-linux-$arch.tmp" "$out/corral-exec-linux-$arch"
 done
