@@ -78,10 +78,7 @@ class StatusLines:
     def feed(self, data: bytes) -> list[tuple[str, int]]:
         self._taken += len(data)
         if self._taken > STATUS_BUDGET:
-            raise StatusViolation(
-                f"its status stream (fd 3) carried over {STATUS_BUDGET} bytes in one run "
-                "(STATUS_BUDGET)"
-            )
+            raise StatusViolation(f"over {STATUS_BUDGET} bytes in one run")
         scanned = len(self._partial)
         self._partial += data
         cut = self._partial.rfind(b"\n", scanned)
@@ -95,7 +92,7 @@ class StatusLines:
 def _status_line(line: bytes) -> tuple[str, int]:
     match = _STATUS_LINE.fullmatch(line)
     if match is None:
-        raise StatusViolation(f"its status stream (fd 3) carried {line[:40]!r}, not a status")
+        raise StatusViolation(f"{line[:40]!r}, not a status line")
     return match[1].decode(), int(match[2])
 
 
@@ -228,8 +225,11 @@ class Shell:
             try:
                 lines = self._status.feed(data)
             except StatusViolation as exc:
-                self.dead = str(exc)
-                raise ProviderError(f"shell {self.id!r} was killed: {exc}") from None
+                self.dead = (
+                    f"its status stream (fd 3) broke its budget (STATUS_BUDGET: {STATUS_BUDGET} "
+                    f"bytes a run, each line '<16 hex> <status>'): {exc}"
+                )
+                raise ProviderError(f"shell {self.id!r} was killed: {self.dead}") from None
             for said, status in lines:
                 if said in tokens:
                     return status
