@@ -27,7 +27,6 @@ import contextlib
 import json
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -62,14 +61,34 @@ _STREAMS: dict[int, StreamKind] = {ord("o"): "stdout", ord("e"): "stderr", ord("
 _ATTACH_ENDS = frozenset(b"XFY")
 
 
-@dataclass
 class _Window:
     """What an attach may still receive: `left` bytes of output, a `B` only before
     output or at the start, nothing after its end."""
 
-    left: int
-    resumed: bool = False
-    ended: bool = False
+    def __init__(self, left: int) -> None:
+        self.left = left
+        self._resumed = False
+        self._ended = False
+
+    def grant(self, size: int) -> None:
+        self.left += size
+
+    def admit(self, rid: int, kind: int, payload: bytes) -> str | None:
+        """Why attach `rid` may not receive this frame, or None (and it is counted)."""
+        if self._ended:
+            return f"{chr(kind)!r} on attach {rid} after its end"
+        if kind in _STREAMS:
+            if not 0 < len(payload) <= self.left:
+                return f"{len(payload)} bytes on attach {rid}, {self.left} left of its window"
+            self.left -= len(payload)
+            self._resumed = False
+        elif kind == ord("B") and not self._resumed:
+            self._resumed = True
+        elif kind in _ATTACH_ENDS:
+            self._ended = True
+        else:
+            return f"{chr(kind)!r} on attach {rid}"
+        return None
 
 
 class ProcessLink(FrameLink):
@@ -100,7 +119,7 @@ class ProcessLink(FrameLink):
         """`size` more bytes for attach `rid`: before the `W` that says so goes out."""
         window = self._windows.get(rid)
         if window is not None:
-            window.left += size
+            window.grant(size)
 
     def close_box(self, rid: int, receive: MemoryObjectReceiveStream[Message]) -> None:
         self._windows.pop(rid, None)
@@ -109,24 +128,11 @@ class ProcessLink(FrameLink):
 
     def _admit(self, rid: int, kind: int, payload: bytes) -> str | None:
         window = self._windows.get(rid)
-        if window is None:
-            if rid in self._answered:
-                return f"a second reply on id {rid}"
-            self._answered.add(rid)
-            return None
-        if window.ended:
-            return f"{chr(kind)!r} on attach {rid} after its end"
-        if kind in _STREAMS:
-            if not 0 < len(payload) <= window.left:
-                return f"{len(payload)} bytes on attach {rid}, {window.left} left of its window"
-            window.left -= len(payload)
-            window.resumed = False
-        elif kind == ord("B") and not window.resumed:
-            window.resumed = True
-        elif kind in _ATTACH_ENDS:
-            window.ended = True
-        else:
-            return f"{chr(kind)!r} on attach {rid}"
+        if window is not None:
+            return window.admit(rid, kind, payload)
+        if rid in self._answered:
+            return f"a second reply on id {rid}"
+        self._answered.add(rid)
         return None
 
 
