@@ -1,5 +1,7 @@
 """The escape catalogue: named ways a root agent tries to get out of its network policy,
-or to put its own code where corral runs its programs inside the sandbox.
+to put its own code where corral runs its programs inside the sandbox, or to write the
+channels between those programs and the harness (`forge_through_the_relay`,
+`flood_the_shell_status`: scenarios with a persistent shell, not techniques).
 
 Each technique is a shell script run as root inside a sandbox whose policy forbids the
 `denied` destinations. It exits 0 only if it got a byte-level answer from a place the
@@ -16,10 +18,16 @@ which the control run exposes for the dialling ones).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
+import anyio
+
 from corral.core.session import EnvironmentSession, ExecResult
+from corral.core.shell import STATUS_BUDGET, Shell
+from corral.errors import ProviderError
 
 
 class EscapeTargets(NamedTuple):
@@ -108,6 +116,25 @@ PROGRAMS = "/.corral"
 _PROGRAMS_THERE = f'[ -x {PROGRAMS}/busybox ] || {{ echo "no {PROGRAMS}/busybox"; exit 0; }}; '
 
 
+#: opens stdin and stdout of every corral-exec (the exec channel's helper, the process
+#: relay and manager) through /proc: the frames corral reads are on them. Exits 0 if one
+#: opened, or if there was no corral-exec to try (the exec runs through the channel's).
+_OPEN_HELPER_STDIO = _py(
+    "import os\n"
+    "found=opened=0\n"
+    "for p in filter(str.isdigit,os.listdir('/proc')):\n"
+    " try:\n  argv0=open(f'/proc/{p}/cmdline','rb').read().split(bytes(1))[0]\n"
+    " except OSError:\n  continue\n"
+    " if not argv0.endswith(b'corral-exec'):\n  continue\n"
+    " found+=1\n"
+    " for fd,mode in ((0,os.O_RDONLY),(1,os.O_WRONLY)):\n"
+    "  try:\n   os.close(os.open(f'/proc/{p}/fd/{fd}',mode));opened+=1;print('opened',p,fd)\n"
+    "  except OSError as e:\n   print(p,fd,e)\n"
+    "print('corral-exec processes:',found)\n"
+    "raise SystemExit(0 if opened or not found else 1)\n"
+)
+
+
 def _own_programs() -> list[Technique]:
     """Ways to put the agent's code where corral runs its own (security round 3)."""
     replace = (
@@ -132,6 +159,8 @@ def _own_programs() -> list[Technique]:
             "rename-corral-programs",
             _PROGRAMS_THERE + f"mv {PROGRAMS} /corral-moved && mkdir {PROGRAMS}",
         ),
+        # Security round 4: the channels between corral's programs and the harness.
+        Technique("open-corral-exec-stdio", _OPEN_HELPER_STDIO),
     ]
 
 
@@ -250,3 +279,142 @@ async def failed_controls(session: EnvironmentSession, targets: EscapeTargets) -
             if result.returncode != 0:
                 failed[technique.name] = (result.stdout + result.stderr).strip()[-300:]
     return failed
+
+
+#: what root writes into the process relay's stdout: output frames (`link.frame`: u32
+#: length, kind, u32 id) for every id a fresh link has used, each one atomic pipe write,
+#: then `FLOOD_MIB` MiB more of them
+FORGED = b"FORGED-BY-THE-WORKLOAD\n"
+FLOOD_MIB = 64
+_FORGE_THE_RELAY = _py(
+    "import os,struct\n"
+    f"forged={FORGED!r}\n"
+    "def f(rid,data): return struct.pack('>IBI',5+len(data),111,rid)+data\n"
+    "relays=[]\n"
+    "for p in filter(str.isdigit,os.listdir('/proc')):\n"
+    " try:\n  argv=open(f'/proc/{p}/cmdline','rb').read().split(bytes(1))\n"
+    " except OSError:\n  continue\n"
+    " if argv[0].endswith(b'corral-exec') and argv[1:2]==[b'--procs']:\n  relays.append(p)\n"
+    "print('relays:',relays)\n"
+    "for p in relays:\n"
+    " try:\n  fd=os.open(f'/proc/{p}/fd/1',os.O_WRONLY)\n"
+    " except OSError as e:\n  print(p,e);continue\n"
+    " print('opened',p,flush=True)\n"
+    " for rid in range(1,64):\n  os.write(fd,f(rid,forged))\n"
+    " chunk=f(2,bytes(4000))\n"
+    f" for _ in range({FLOOD_MIB}*1024*1024//len(chunk)):\n  os.write(fd,chunk)\n"
+    " raise SystemExit(0)\n"
+    "raise SystemExit(1 if relays else 2)\n"
+)
+
+
+async def forge_through_the_relay(session: EnvironmentSession) -> str | None:
+    """Root writes forged output frames into the process relay's stdout
+    (`/proc/<relay>/fd/1`) while a persistent shell idles, then the harness runs `echo
+    after` in that shell. What went wrong, or None: the relay's stdout would not open,
+    or the link ended with an error; never the workload's bytes as the shell's."""
+    before = rss_mib()
+    async with await session.shell() as shell:
+        await shell.run("true")
+        attack = await session.exec(["sh", "-c", _FORGE_THE_RELAY], timeout=120)
+        said = (attack.stdout + attack.stderr).strip()[-300:]
+        if attack.returncode == 2:
+            return f"no process relay to attack: {said}"
+        try:
+            after = await shell.run("echo after", timeout=60)
+        except ProviderError as exc:  # the link ended with an error: fails closed
+            return None if attack.returncode == 0 else f"the link broke unattacked: {exc}"
+    if after.stdout != "after\n":
+        return f"the shell's result was forged: {after.stdout[:200]!r} ({said})"
+    grown = rss_mib() - before
+    return f"the harness grew by {grown:.0f} MiB" if grown > FLOOD_RSS_BOUND_MIB else None
+
+
+def _status_flood(byte: str) -> str:
+    """Run in a persistent shell: writes `FLOOD_MIB` MiB of `byte` into every pipe its
+    shell holds on a descriptor of 3 or more: the status fd, which the shell keeps on a
+    high descriptor while the command runs without it."""
+    return _py(
+        "import os\n"
+        "shell=os.getppid();chunk=" + repr(byte) + ".encode()*65536\n"
+        "fds=[int(n) for n in os.listdir(f'/proc/{shell}/fd') if int(n)>=3]\n"
+        "pipes=[n for n in fds if os.readlink(f'/proc/{shell}/fd/{n}').startswith('pipe:')]\n"
+        "print('pipes:',pipes,flush=True)\n"
+        "outs=[os.open(f'/proc/{shell}/fd/{n}',os.O_WRONLY) for n in pipes]\n"
+        f"for _ in range({FLOOD_MIB}*16):\n"
+        " for fd in outs:\n  os.write(fd,chunk)\n"
+    )
+
+
+#: MiB the harness may grow by while a sandbox floods a channel with `FLOOD_MIB`
+FLOOD_RSS_BOUND_MIB = 48
+#: seconds another session's `exec("true")` may take while one floods
+FLOOD_EXEC_BOUND_S = 1.0
+#: seconds a flooded shell's run may take to fail
+FLOOD_FAIL_BOUND_S = 30.0
+
+
+@dataclass(frozen=True)
+class Flood:
+    """What a status flood did: the error its run failed with (or what happened
+    instead), how long that took, the slowest `exec("true")` another session made
+    meanwhile, and how much the harness grew."""
+
+    said: str
+    took_s: float
+    slowest_exec_s: float
+    grown_mib: float
+
+    def wrong(self) -> str | None:
+        """Which bound the flood broke, or None."""
+        if f"(STATUS_BUDGET: {STATUS_BUDGET} bytes a run" not in self.said:
+            return f"the run did not fail closed naming the budget: {self.said}"
+        if self.took_s > FLOOD_FAIL_BOUND_S:
+            return f"the run failed only after {self.took_s:.1f} s"
+        if self.slowest_exec_s > FLOOD_EXEC_BOUND_S:
+            return f"another session's exec took {self.slowest_exec_s:.2f} s"
+        if self.grown_mib > FLOOD_RSS_BOUND_MIB:
+            return f"the harness grew by {self.grown_mib:.0f} MiB"
+        return None
+
+
+def rss_mib() -> float:
+    """The harness's resident memory, in MiB."""
+    with Path("/proc/self/status").open() as status:
+        line = next(x for x in status if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+async def flood_the_shell_status(
+    session: EnvironmentSession, other: EnvironmentSession, newlines: bool
+) -> Flood:
+    """A command in a persistent shell of `session` floods its shell's status pipe
+    (newlines, or bytes without one) while `other` runs `exec("true")` in a loop. The
+    run must fail closed with an error naming the budget; `other` must not notice."""
+    slowest = 0.0
+
+    async def busy() -> None:
+        nonlocal slowest
+        while True:
+            start = time.monotonic()
+            await other.exec(["true"])
+            slowest = max(slowest, time.monotonic() - start)
+
+    await other.exec(["true"])  # its exec channel is up before the timing starts
+    before, said, took = rss_mib(), "", 0.0
+    async with await session.shell() as shell, anyio.create_task_group() as tasks:
+        tasks.start_soon(busy)
+        start = time.monotonic()
+        said = await _failure(shell, _status_flood("\n" if newlines else "x"))
+        took = time.monotonic() - start
+        tasks.cancel_scope.cancel()
+    return Flood(said, took, slowest, rss_mib() - before)
+
+
+async def _failure(shell: Shell, command: str) -> str:
+    """The error `command` fails with in `shell`, or what it did instead."""
+    try:
+        result = await shell.run(command, timeout=120)
+    except ProviderError as exc:
+        return str(exc)
+    return f"the run did not fail: {result.returncode} {result.stdout[-200:]!r}"
