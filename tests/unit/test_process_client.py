@@ -16,7 +16,7 @@ from anyio.lowlevel import EventLoopToken, current_token
 from corral.core.processes import KILLED, Gap, ProcessExited, PtySize, StartRequest
 from corral.errors import ConfigError, ProcessNotFound, ProviderError, RemotePathNotFound
 from corral.helper.link import frame
-from corral.helper.procs import WINDOW, ProcessClient, ProcessLink
+from corral.helper.procs import GAPS_IN_A_ROW, WINDOW, ProcessClient, ProcessLink
 from tests.unit.fake_helper import FakeHelper
 
 pytestmark = pytest.mark.anyio
@@ -185,7 +185,7 @@ PAST_THE_WINDOW = [_on("o", b"x" * 32768)] * (WINDOW // 32768) + [_on("o", b"for
     [
         (PAST_THE_WINDOW, "6 bytes on attach 1, 0 left of its window"),
         ([_on("o", b"")], "0 bytes on attach 1, 262144 left of its window"),
-        ([_on("B", GAP), _on("B", GAP)], "'B' on attach 1"),
+        ([_on("B", GAP)] * (GAPS_IN_A_ROW + 1), "'B' on attach 1"),
         ([_on("X", b"{}"), _on("o", b"forged")], "'o' on attach 1 after its end"),
         ([frame("o", 99, b"forged")], "a frame for id 99, which was never asked for"),
     ],

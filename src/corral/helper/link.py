@@ -248,8 +248,9 @@ class FrameLink:
         try:
             await run_blocking(self.key, self.tokens, self.transport.send, data)
         except OSError as exc:
+            reason = self.dead or exc  # a link shut for a broken protocol says so
             self.close()
-            raise ProviderError(f"the exec channel broke: {exc}") from None
+            raise ProviderError(f"the exec channel broke: {reason}") from None
 
     async def await_hello(self) -> None:
         receive = self.open_box(0)

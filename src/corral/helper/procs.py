@@ -57,17 +57,21 @@ START_REPLY_S = 10.0
 #: seconds `aclose` waits for the reader thread
 CLOSE_WAIT_S = 5.0
 _STREAMS: dict[int, StreamKind] = {ord("o"): "stdout", ord("e"): "stderr", ord("t"): "status"}
+#: `B`s an attach may get in a row: the manager says a gap again when its buffer ran
+#: past the reader while it sent the last one, as it does on a slow link; each is ~150
+#: bytes queued, so a run this long is well under 1 MiB
+GAPS_IN_A_ROW = 4096
 #: an attach ends with its exit, a refusal, or the answer to its detach
 _ATTACH_ENDS = frozenset(b"XFY")
 
 
 class _Window:
-    """What an attach may still receive: `left` bytes of output, a `B` only before
-    output or at the start, nothing after its end."""
+    """What an attach may still receive: `left` bytes of output, at most `GAPS_IN_A_ROW`
+    `B`s between two frames of output, nothing after its end."""
 
     def __init__(self, left: int) -> None:
         self.left = left
-        self._resumed = False
+        self._gaps = 0
         self._ended = False
 
     def grant(self, size: int) -> None:
@@ -81,9 +85,9 @@ class _Window:
             if not 0 < len(payload) <= self.left:
                 return f"{len(payload)} bytes on attach {rid}, {self.left} left of its window"
             self.left -= len(payload)
-            self._resumed = False
-        elif kind == ord("B") and not self._resumed:
-            self._resumed = True
+            self._gaps = 0
+        elif kind == ord("B") and self._gaps < GAPS_IN_A_ROW:
+            self._gaps += 1
         elif kind in _ATTACH_ENDS:
             self._ended = True
         else:
@@ -95,7 +99,7 @@ class ProcessLink(FrameLink):
     """One connection to a process manager, which lives where the workload reaches it:
     every mailbox holds what the protocol allows and no more. A call's holds one reply;
     an attach's at most the window granted (`WINDOW`, then each `W`), its frames each
-    carrying output, a `B` never twice in a row. Anything else ends the link."""
+    carrying output, a few `B`s between them. Anything else ends the link."""
 
     version = VERSION
     streamed = frozenset(_STREAMS)
