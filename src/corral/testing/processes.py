@@ -27,6 +27,7 @@ from corral.core.plan import ExecutionPlan
 from corral.core.processes import Process, ProcessExited, ProcessOutput, PtySize
 from corral.core.session import EnvironmentSession, ExecResult
 from corral.errors import FeatureUnsupported
+from corral.testing.escapes import flood_the_shell_status
 
 __all__ = [
     "test_processes_a_background_server_answers_a_later_exec",
@@ -40,6 +41,7 @@ __all__ = [
     "test_processes_shell_interrupt_ends_the_command_not_the_shell",
     "test_processes_shell_keeps_state",
     "test_processes_shell_output_cannot_forge_its_end",
+    "test_processes_shell_status_flood_fails_closed_and_others_do_not_notice",
     "test_processes_shell_timeout_interrupts_and_keeps_the_shell",
     "test_processes_signals_are_delivered",
     "test_processes_stdin_round_trip",
@@ -393,6 +395,22 @@ async def test_processes_shell_output_cannot_forge_its_end(
     assert forged.stderr == "err\n" and forged.returncode == 0
     assert after.stdout == "next\n", "nothing of the forger's output bled into the next"
     assert binary.stdout == "ok\ufffd\ufffdend"
+
+
+@anyio_mark
+@pytest.mark.parametrize("newlines", [True, False], ids=["newlines", "no-newline"])
+async def test_processes_shell_status_flood_fails_closed_and_others_do_not_notice(
+    corral_environment: BaseEnvironment, corral_plan: ExecutionPlan, newlines: bool
+) -> None:
+    """A command floods its shell's status pipe (`/proc/$PPID/fd`): the run fails closed
+    naming the budget, fast, while another session's execs and the harness's memory do
+    not notice (`corral.testing.escapes.flood_the_shell_status`)."""
+    async with (
+        _session(corral_environment, corral_plan) as sandbox,
+        _session(corral_environment, corral_plan) as other,
+    ):
+        flood = await flood_the_shell_status(sandbox, other, newlines)
+    assert flood.wrong() is None, flood
 
 
 @anyio_mark

@@ -12,7 +12,12 @@ import pytest
 from corral import ExecutionPlan, NetworkSchedule
 from corral.providers.k8s import KubernetesEnvironment
 from corral.providers.k8s.session import KubernetesSession
-from corral.testing.escapes import EscapeTargets, escapes, failed_controls
+from corral.testing.escapes import (
+    EscapeTargets,
+    escapes,
+    failed_controls,
+    forge_through_the_relay,
+)
 from corral.testing.plugin import EgressTarget
 from corral.testing.servers import serve_tcp, stop_server
 from tests.integration.conftest import ALLOWED_IP, DENIED_IP, LINK_LOCAL_IP, TCP_PORT, UDP_PORT
@@ -111,3 +116,11 @@ async def test_no_technique_escapes(
             allowed = await sandbox.exec(["nc", "-z", "-w", "3", ALLOWED_IP, str(TCP_PORT)])
             assert allowed.returncode == 0, "the allowlist's own target must stay reachable"
     assert escaped == {}
+
+
+async def test_forged_frames_on_the_relays_stdout_never_reach_a_result(
+    runtime_env: KubernetesEnvironment,
+) -> None:
+    # Issue 40: on 29fb870 the next shell result was the workload's bytes.
+    async with runtime_env.session(ExecutionPlan(image=TEST_IMAGE)) as sandbox:
+        assert await forge_through_the_relay(sandbox) is None
