@@ -65,6 +65,9 @@ CONNECT_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_S = 600.0
 #: seconds the listener pauses when the harness's process is out of descriptors
 ACCEPT_PAUSE_S = 0.1
+#: seconds the listener pauses after closing a connection over the budget (at most 100
+#: a second, whatever the sandbox dials)
+OVER_PAUSE_S = 0.01
 #: seconds `close` waits for the proxy's thread
 CLOSE_WAIT_S = 5.0
 #: headers not passed on: hop-by-hop ones, and those the proxy sets itself
@@ -203,6 +206,9 @@ class CredentialProxy:
             if self._open >= self.budget.connections:
                 self._over("connections", f"{self.budget.connections} connections at once")
                 await client.aclose()
+                # A flood that reconnects as fast as it is closed would spend the harness's
+                # CPU: over the budget, this session's proxy closes at most one a pause.
+                await anyio.sleep(OVER_PAUSE_S)
                 continue
             self._open += 1
             group.start_soon(self._handle, client)
