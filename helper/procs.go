@@ -12,7 +12,8 @@
 // harness). When stdin ends (or the client breaks the protocol) every managed process's
 // whole tree is killed and the manager exits 0. With CGROUP_DIR, every process is
 // created inside that cgroup v2 directory (clone3 CLONE_INTO_CGROUP), so nothing it
-// runs ever starts outside it; if that fails the start is refused.
+// runs ever starts outside it (with Go before 1.20: see procs_cgroup_go119.go); if that
+// fails the start is refused.
 //
 //	corral-exec --procs SID          (SID: ^[a-z0-9][a-z0-9-]{0,62}$, else exit 2)
 //

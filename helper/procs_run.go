@@ -136,18 +136,20 @@ func (m *manager) fork(path string, s *procSpec, u execUser, env []string, st *s
 			joinGroups(u.groups), s.Cwd, path}, s.Argv...)
 		path, dir = self, ""
 	}
-	if m.cgroup != "" {
-		fd, err := syscall.Open(m.cgroup, syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
-		if err != nil {
-			return 0, failf("other", "cgroup %s: %v", m.cgroup, err)
-		}
-		defer syscall.Close(fd)
-		sys.UseCgroupFD, sys.CgroupFD = true, fd
-	}
 	attr := &syscall.ProcAttr{Dir: dir, Env: env, Files: st.child, Sys: sys}
-	pid, err := syscall.ForkExec(path, argv, attr)
+	var pid int
+	var err error
+	if m.cgroup == "" {
+		pid, err = syscall.ForkExec(path, argv, attr)
+	} else {
+		pid, err = forkExecInCgroup(m.cgroup, path, argv, attr)
+	}
 	if err == nil {
 		return pid, nil
+	}
+	var refused *failure
+	if errors.As(err, &refused) {
+		return 0, err
 	}
 	switch err {
 	case syscall.ENOENT, syscall.EACCES, syscall.ENOEXEC, syscall.ENOTDIR, syscall.EISDIR,

@@ -739,3 +739,37 @@ func TestProcsManyProcesses(t *testing.T) {
 		c.expect(id, 'Y')
 	}
 }
+
+// A started process runs inside the manager's cgroup from its first instruction, with
+// either toolchain's way of putting it there (procs_cgroup*.go).
+func TestProcsStartInsideTheCgroup(t *testing.T) {
+	root := cgroup2Mount(t)
+	dir, err := os.MkdirTemp(root, "corral-procs-test-")
+	if err != nil {
+		t.Skipf("cannot make a cgroup under %s (needs root): %v", root, err)
+	}
+	defer os.Remove(dir)
+	c := runManager(t, "--procs-stdio", dir)
+	for _, asSelf := range []bool{true, false} {
+		n := c.start(map[string]any{"argv": []string{"cat", "/proc/self/cgroup"}, "as_self": asSelf})
+		out := c.collect(c.attach(n, 0, 1<<20)).streams['o'].String()
+		if want := "0::/" + strings.TrimPrefix(dir, root+"/") + "\n"; !strings.HasSuffix(out, want) {
+			t.Fatalf("as_self=%v: %q, want it to end %q", asSelf, out, want)
+		}
+	}
+}
+
+func cgroup2Mount(t *testing.T) string {
+	t.Helper()
+	mounts, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if f := strings.Fields(line); len(f) > 2 && f[2] == "cgroup2" {
+			return f[1]
+		}
+	}
+	t.Skip("no cgroup v2 mount")
+	return ""
+}

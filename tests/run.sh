@@ -45,6 +45,16 @@ preflight() {
 
 command -v uv >/dev/null || python3 -m pip install --quiet uv
 preflight
+# Debian 12's own Go (1.19, what `golang-go` brings there), beside whatever `go` is, so
+# that tests/integration/packaging/test_helper_toolchains.py builds the helper with it:
+# it lives in /usr/lib/go-1.19 and changes no `go` on PATH.
+if [ ! -x /usr/lib/go-1.19/bin/go ]; then
+  [ "$(id -u)" = 0 ] || { echo "tests/run.sh: need root to install golang-1.19-go" >&2; exit 1; }
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends golang-1.19-go >/dev/null \
+    || { apt-get -o DPkg::Lock::Timeout=900 update -qq \
+      && apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends golang-1.19-go >/dev/null; }
+fi
 uv sync --all-extras --frozen --quiet
 
 started_engine=0

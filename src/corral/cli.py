@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from importlib.metadata import version
 from typing import Annotated, Any, NoReturn
@@ -19,7 +20,7 @@ from corral.core.config import config_docs
 from corral.core.environment import ENVIRONMENTS, BaseEnvironment
 from corral.core.plan import ExecutionPlan
 from corral.demo import DemoRow, run_demo
-from corral.errors import CorralError
+from corral.errors import CorralError, ImageRequired
 from corral.network.policy import NetworkSchedule
 from corral.signals import Caught, cancelled_on_signals
 
@@ -88,9 +89,8 @@ def _create(env_id: str, pairs: list[str] | None) -> BaseEnvironment:
 def _verbosity(count: int) -> int:
     """`-v` shows corral's info events, `-vv` its debug ones; before or after a command."""
     if count:
-        level = logging.INFO if count == 1 else logging.DEBUG
-        logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
-        logging.getLogger().setLevel(min(level, logging.getLogger().level))
+        level = min(logging.INFO if count == 1 else logging.DEBUG, logging.getLogger().level)
+        logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s", force=True)
     return count
 
 
@@ -114,7 +114,21 @@ def main(
         typer.Option("--version", callback=_version, is_eager=True, help="print the version"),
     ] = False,
 ) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    if not verbose:
+        # Without -v a failure is the one `error:` line the command prints; corral's events
+        # (an open that failed, with its timing) are -v's, and a log error has no timestamp.
+        logging.basicConfig(level=logging.ERROR, format="corral: %(message)s", force=True)
+
+
+#: the width of piped output: a table keeps its natural width instead of rich's 80 columns
+PIPED_WIDTH = 10_000
+
+
+def _show(table: Table) -> None:
+    if console.is_terminal or "COLUMNS" in os.environ:
+        console.print(table)
+    else:
+        Console(width=PIPED_WIDTH).print(table)
 
 
 @list_app.command("env")
@@ -145,7 +159,7 @@ def list_env(verbose: VerboseOption = 0) -> None:
             "yes" if caps.dynamic else "no",
             ", ".join(k.removeprefix("supports_") for k, on in features.items() if on) or "-",
         )
-    console.print(table)
+    _show(table)
 
 
 @docs_app.command("env")
@@ -163,7 +177,7 @@ def docs_env(
     table = Table(Column("field", no_wrap=True), "type", "default", "description")
     for doc in config_docs(model):
         table.add_row(*(escape(part) for part in doc))
-    console.print(table)
+    _show(table)
     for group in model.mutually_exclusive:
         console.print(f"mutually exclusive: {', '.join(group)}")
 
@@ -203,6 +217,8 @@ def run(
 
     try:
         code = anyio.run(go)
+    except ImageRequired as exc:
+        _refuse(CorralError(f"{exc} (here: --image IMAGE)"))
     except CorralError as exc:
         _refuse(exc)
     raise typer.Exit(code)
@@ -246,7 +262,7 @@ def demo(
         return _stopped(caught)
 
     code = anyio.run(go)
-    console.print(table)
+    _show(table)
     raise typer.Exit(code)
 
 

@@ -13,6 +13,10 @@ class ConfigError(CorralError, ValueError):
     """A config, plan or argument that cannot be used as given."""
 
 
+class ImageRequired(ConfigError):
+    """A provider that runs images was given a plan that names none."""
+
+
 class ProviderError(CorralError):
     """The provider or its transport failed (engine down, API error, lost stream)."""
 

@@ -1,10 +1,17 @@
 from __future__ import annotations
 
 import logging
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from corral.cli import app
+from corral.core.environment import BaseEnvironment
+from corral.core.registry import EnvironmentRegistry
 
 runner = CliRunner()
 
@@ -97,3 +104,57 @@ def test_field_names_stay_whole_in_a_narrow_terminal() -> None:
     assert result.exit_code == 0, result.output
     assert "end_workload_timeout_s" in result.output
     assert "snapshot_lifetime_s" in result.output
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """The CLI configures the root logger; the tests after this one get theirs back."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_an_error_at_verbosity_0_is_the_one_error_line() -> None:
+    result = runner.invoke(app, ["run", "--env", "docker", "--", "true"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: "), result.output
+    assert not re.search(r"\d\d:\d\d:\d\d", result.output), result.output
+    # With -v the event that said so is there, timestamped.
+    result = runner.invoke(app, ["-v", "run", "--env", "docker", "--", "true"])
+    assert re.search(r"\d\d:\d\d:\d\d,\d+ corral.environment open failed", result.output)
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_docker_without_an_image_says_image() -> None:
+    result = runner.invoke(app, ["run", "--env", "docker", "--", "true"])
+    assert result.exit_code == 2
+    assert "--image IMAGE" in result.output and len(result.output.splitlines()) == 1
+
+
+def test_an_unknown_environment_offers_only_the_installed_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The Kubernetes provider as where its SDK is missing: its module does not import.
+    monkeypatch.setitem(sys.modules, "corral.providers.k8s", None)
+    monkeypatch.setattr("corral.cli.ENVIRONMENTS", EnvironmentRegistry(BaseEnvironment))
+    result = runner.invoke(app, ["run", "--env", "nope", "--", "true"])
+    assert result.exit_code == 2
+    assert "unknown environment 'nope'; installed: docker, local" in result.output
+    listed = runner.invoke(app, ["list", "env"], env={"COLUMNS": "300"})
+    assert "k8s" in listed.output and "no: environment 'k8s' is not installed" in listed.output
+
+
+def test_a_piped_table_is_not_cut_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    result = runner.invoke(app, ["config", "docs", "env", "local"])
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.output.splitlines()) > 80
+    row = next(line for line in result.output.splitlines() if "│ default_lifetime_s" in line)
+    assert row.rstrip().endswith("│") and len(row.split("│")) == 6, row
+
+
+def test_mkdocs_output_is_ignored() -> None:
+    ignored = (Path(__file__).resolve().parents[2] / ".gitignore").read_text().splitlines()
+    assert "/site/" in ignored

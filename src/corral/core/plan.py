@@ -18,7 +18,7 @@ from pydantic import (
 
 from corral.core.credentials import CredentialRoute, check_route_names
 from corral.core.redact import masked_env
-from corral.errors import ConfigError
+from corral.errors import ConfigError, ImageRequired
 from corral.network.policy import NetworkSchedule, PolicyLike
 
 ImageSource = Literal["native", "image", "task_image", "fallback_image"]
@@ -282,7 +282,7 @@ class ExecutionPlan(BaseModel):
         resolved = self.resolved()
         source = resolved.image_source()
         if source is None:
-            raise ConfigError(
+            raise ImageRequired(
                 f"provider {provider!r} needs an image: set one of native, image, "
                 "task_image or fallback_image on the plan"
             )

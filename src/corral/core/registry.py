@@ -57,6 +57,10 @@ class EnvironmentRegistry:
         self._scan()
         return sorted(set(self._targets) | set(self._loaded))
 
+    def _installed(self) -> str:
+        """The ids whose provider imports here: one whose SDK is missing is not offered."""
+        return ", ".join(i for i in self.ids() if self.status(i).provider is not None)
+
     def status(self, env_id: str) -> ProviderStatus:
         try:
             return ProviderStatus(env_id, self.get(env_id), None)
@@ -68,7 +72,7 @@ class EnvironmentRegistry:
         if env_id in self._loaded:
             return self._loaded[env_id]
         if env_id not in self._targets:
-            raise ConfigError(f"unknown environment {env_id!r}; installed: {', '.join(self.ids())}")
+            raise ConfigError(f"unknown environment {env_id!r}; installed: {self._installed()}")
         if env_id in self._errors:
             raise ConfigError(self._errors[env_id])
         module_name, _, attr = self._targets[env_id].partition(":")

@@ -30,6 +30,16 @@ def helper_binary(arch: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def no_helper(arch: str) -> str:
+    """The one line that says this installation has no helper for Linux on `arch`."""
+    return (
+        f"this corral has no helper for linux/{arch or '?'} (its wheel is for another "
+        "platform, or it was built without Go): install the wheel for linux/"
+        f"{_ARCHES.get(arch.lower(), arch)} or the any-platform one, or run "
+        "`bash helper/build.sh` in a checkout"
+    )
+
+
 def helper_shipped() -> bool:
     """Whether this installation carries the helper for any architecture."""
     return any(BIN_DIR.glob("corral-exec-linux-*"))

@@ -28,6 +28,7 @@ from docker.errors import APIError
 
 from corral.core.session import ExecRequest
 from corral.errors import ProviderError
+from corral.helper import no_helper
 from corral.helper.channel import Channel, PlainExecutor
 from corral.helper.channel import ChannelExecutor as _ChannelExecutor
 from corral.helper.link import (
@@ -129,10 +130,7 @@ async def container_defaults(engine: Engine, container: str) -> Defaults:
         version: dict[str, Any] = await engine.call(engine.api.version)
         arch = str(version.get("Arch", ""))
         if programs.helper(arch) is None:
-            raise ChannelUnavailable(
-                f"this corral has no helper binary for linux/{arch or '?'} "
-                "(build it with helper/build.sh)"
-            )
+            raise ChannelUnavailable(no_helper(arch))
         info: dict[str, Any] = await engine.call(engine.api.inspect_container, container)
     except (APIError, ProviderError) as exc:
         raise ChannelUnavailable(f"starting the helper failed: {exc}") from None

@@ -18,7 +18,7 @@ from docker.errors import APIError
 
 from corral.core.tarsafe import owned_by_root
 from corral.errors import NetworkPolicyNotEnforced, ProviderError
-from corral.helper import helper_binary
+from corral.helper import helper_binary, no_helper
 from corral.network.dns import Answer, resolve_names
 from corral.network.events import EventLog, phase_in_rules
 from corral.network.gate import GATE_CHAIN
@@ -414,11 +414,12 @@ def _judge_probe(policy: NetworkPolicy, probe: tuple[IPAddress, int], output: st
 async def install_resolver(engine: Engine, holder: str) -> None:
     """corral's helper into the holder's own filesystem as DNS_DIR/resolver."""
     version: dict[str, Any] = await engine.call(engine.api.version)
-    binary = helper_binary(str(version.get("Arch", "")))
+    arch = str(version.get("Arch", ""))
+    binary = helper_binary(arch)
     if binary is None:
         raise ProviderError(
-            "allowlisted hostnames need corral's helper binary for the engine's architecture "
-            "(build it with helper/build.sh); the previous policy is still in force"
+            f"allowlisted hostnames need corral's helper: {no_helper(arch)}; "
+            "the previous policy is still in force"
         )
     archive = await anyio.to_thread.run_sync(_resolver_archive, binary.read_bytes())
     try:

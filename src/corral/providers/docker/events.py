@@ -28,7 +28,7 @@ from docker.errors import APIError
 
 from corral.core.logs import event
 from corral.errors import ProviderError
-from corral.helper import helper_archive, helper_binary
+from corral.helper import helper_archive, helper_binary, no_helper
 from corral.network.events import NFLOG_GROUP, EventLog
 from corral.providers.docker.engine import Engine, Hijacked
 
@@ -142,10 +142,7 @@ async def start_reader(
         arch = str(version.get("Arch", ""))
         binary = helper_binary(arch)
         if binary is None:
-            raise EventsUnavailable(
-                f"this corral has no helper binary for linux/{arch or '?'} "
-                "(build it with helper/build.sh)"
-            )
+            raise EventsUnavailable(no_helper(arch))
         path = f"/.corral-events-{secrets.token_hex(8)}"
         archive = await anyio.to_thread.run_sync(helper_archive, binary, path[1:])
         await engine.call(engine.api.put_archive, holder, "/", archive)

@@ -36,7 +36,7 @@ from kubernetes.client.exceptions import ApiException
 from corral.core.output import BoundedOutput
 from corral.core.session import ExecRequest, ExecResult
 from corral.errors import ProviderError
-from corral.helper import helper_archive, helper_binary
+from corral.helper import helper_archive, helper_binary, no_helper
 from corral.helper.channel import Channel, PlainExecutor
 from corral.helper.channel import ChannelExecutor as _ChannelExecutor
 from corral.helper.link import ChannelUnavailable, L, Transport, greeted
@@ -144,10 +144,7 @@ class ChannelExecutor(_ChannelExecutor):
             arch = await self._arch()
             binary = helper_binary(arch)
             if binary is None:
-                raise ChannelUnavailable(
-                    f"this corral has no helper binary for linux/{arch or '?'} "
-                    "(build it with helper/build.sh)"
-                )
+                raise ChannelUnavailable(no_helper(arch))
             await self._copy(binary)
             self.copied = True
         return f"{PROGRAMS}/{_HELPER}"

@@ -22,7 +22,7 @@ import anyio.to_thread
 from anyio.lowlevel import EventLoopToken
 
 from corral.errors import FeatureUnsupported, ProviderError
-from corral.helper import helper_binary
+from corral.helper import helper_binary, no_helper
 from corral.helper.link import DIAGNOSTICS, ChannelUnavailable, greeted
 from corral.helper.procs import ProcessLink
 
@@ -34,8 +34,7 @@ def manager_binary() -> Path:
     binary = helper_binary(platform.machine())
     if binary is None:
         raise FeatureUnsupported(
-            "background processes on local need corral's helper for this machine "
-            f"({platform.machine()}); this installation has none (helper/build.sh builds it)"
+            f"background processes on local need corral's helper: {no_helper(platform.machine())}"
         )
     return binary
 
