@@ -483,7 +483,7 @@ async def orphans(objects: Objects, now: float) -> list[str]:
         session_id, instance = labels[SESSION], annotations_of(policy).get(INSTANCE)
         pod = await objects.read("pod", meta.name, session_id)
         if pod is not None and annotations_of(pod).get(INSTANCE) == instance:
-            with contextlib.suppress(ApiException):  # gone meanwhile: the next gc sees to it
+            with contextlib.suppress(ProviderError):  # gone meanwhile: the next gc sees to it
                 await objects.own(meta.name, pod.metadata.uid, meta.name)
         elif pod is None and now - meta.creation_timestamp.timestamp() >= ORPHAN_GRACE_S:
             await objects.delete("network_policy", meta.name, session_id, instance)
