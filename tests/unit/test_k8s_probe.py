@@ -96,14 +96,20 @@ _NODE = ipaddress.ip_address("192.168.1.5")
 
 
 def test_ipv6_off_in_the_pod_needs_no_ipv6_dial() -> None:
-    assert probe.ipv6_plan(f"{_IF_INET6_LO}\n--\n{_ARP}", [_NODE], 10250, "p") == []
-    assert probe.ipv6_plan(f"\n--\n{_ARP}", [_NODE], 10250, "p") == []
+    """IPV6_STATE's output as a Pod with IPv6 off gives it: no line before the `--`."""
+    assert probe.ipv6_plan(f"--\n{_ARP}", [_NODE], 10250, "p") == []
+    assert probe.ipv6_plan(f"{_IF_INET6_LO}--\n{_ARP}", [_NODE], 10250, "p") == []
+
+
+def test_a_cut_ipv6_state_fails_closed() -> None:
+    with pytest.raises(ProviderError, match="IPv6 state is cut"):
+        probe.ipv6_plan(_IF_INET6_ETH0 + _ARP, [_NODE], 10250, "p")
 
 
 def test_ipv6_on_dials_the_gateways_link_local_address_and_the_nodes_ipv6() -> None:
     """What an agent derives from the gateway's MAC (EUI-64), on the Pod's link."""
     node6 = ipaddress.ip_address("2001:db8::5")
-    state = f"{_IF_INET6_LO}{_IF_INET6_ETH0}\n--\n{_ARP}"
+    state = f"{_IF_INET6_LO}{_IF_INET6_ETH0}--\n{_ARP}"
     assert probe.ipv6_plan(state, [_NODE, node6], 10250, "p") == [
         (ipaddress.ip_address("fe80::5054:ff:fe12:3456%eth0"), 10250),
         (node6, 10250),
@@ -113,7 +119,7 @@ def test_ipv6_on_dials_the_gateways_link_local_address_and_the_nodes_ipv6() -> N
 def test_ipv6_on_with_nothing_to_dial_fails_closed() -> None:
     header = _ARP.splitlines()[0]
     with pytest.raises(NetworkPolicyNotEnforced, match="IPv6 is on in Pod p .links eth0"):
-        probe.ipv6_plan(f"{_IF_INET6_ETH0}\n--\n{header}\n", [_NODE], 10250, "p")
+        probe.ipv6_plan(f"{_IF_INET6_ETH0}--\n{header}\n", [_NODE], 10250, "p")
 
 
 @pytest.mark.anyio
@@ -126,7 +132,7 @@ async def test_a_policy_that_leaks_only_over_ipv6_is_not_enforced(
 
     async def run(target: object, argv: list[str], stdin: bytes | None = None) -> str:
         assert argv[-1] == probe.IPV6_STATE
-        return f"{links}\n--\n{_ARP}"
+        return f"{links}--\n{_ARP}"
 
     async def dial(target: object, host: str, port: int, dialler: str | None = None) -> bool:
         dialled.append(host)

@@ -15,6 +15,7 @@ container a container start each time, and each one stays in the Pod's spec for 
 from __future__ import annotations
 
 import ipaddress
+import re
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -158,6 +159,7 @@ IPV6_STATE = "busybox cat /proc/net/if_inet6; echo --; busybox cat /proc/net/arp
 #: lines of IPV6_STATE read, at most (a Pod has a handful of links and neighbours)
 _STATE_LINES = 256
 _ARP_COMPLETE = 0x2
+_HEX = re.compile(r"0x[0-9a-fA-F]{1,8}")
 _LINK_LOCAL_PREFIX = b"\xfe\x80" + bytes(6)
 
 
@@ -176,12 +178,15 @@ def ipv6_plan(
     reached over IPv4 derives from its MAC (as an agent would, EUI-64) and the node's own
     IPv6 addresses, all on `port`. IPv6 on with nothing to dial cannot be shown policed:
     NetworkPolicyNotEnforced."""
-    if_inet6, _, arp = state.partition("\n--\n")
-    links = _ipv6_links(if_inet6)
+    lines = state.splitlines()[:_STATE_LINES]
+    if "--" not in lines:
+        raise ProviderError(f"the probe's read of Pod {pod}'s IPv6 state is cut: {state[-200:]!r}")
+    split = lines.index("--")
+    links = _ipv6_links(lines[:split])
     if not links:
         return []
     found: list[tuple[IPAddress, int]] = []
-    for link, mac in _neighbours(arp):
+    for link, mac in _neighbours(lines[split + 2 :]):
         if link in links and (destination := (_link_local(mac, link), port)) not in found:
             found.append(destination)
     found += [(node, port) for node in nodes if node.version == 6]
@@ -194,22 +199,25 @@ def ipv6_plan(
     return found
 
 
-def _ipv6_links(if_inet6: str) -> set[str]:
-    """The links but loopback that hold an IPv6 address (/proc/net/if_inet6's last field)."""
+def _ipv6_links(if_inet6: list[str]) -> set[str]:
+    """The links but loopback that hold an IPv6 address: /proc/net/if_inet6's lines are
+    the address (32 hex digits), four hex fields, and the link."""
     links: set[str] = set()
-    for line in if_inet6.splitlines()[:_STATE_LINES]:
+    for line in if_inet6:
         fields = line.split()
-        if len(fields) == 6 and fields[5] != "lo":
+        if len(fields) == 6 and len(fields[0]) == 32 and fields[5] != "lo":
             links.add(fields[5])
     return links
 
 
-def _neighbours(arp: str) -> list[tuple[str, str]]:
-    """(link, MAC) of each resolved entry of /proc/net/arp (after its header line)."""
+def _neighbours(arp: list[str]) -> list[tuple[str, str]]:
+    """(link, MAC) of each resolved entry of /proc/net/arp's lines after its header: IP
+    address, HW type, flags, HW address, mask, device."""
     found: list[tuple[str, str]] = []
-    for line in arp.splitlines()[1:_STATE_LINES]:
-        fields = line.split()  # IP address, HW type, Flags, HW address, Mask, Device
-        if len(fields) == 6 and int(fields[2], 16) & _ARP_COMPLETE and len(fields[3]) == 17:
+    for line in arp:
+        fields = line.split()
+        flags = int(fields[2], 16) if len(fields) == 6 and _HEX.fullmatch(fields[2]) else 0
+        if flags & _ARP_COMPLETE and len(fields[3]) == 17:
             found.append((fields[5], fields[3]))
     return found
 
