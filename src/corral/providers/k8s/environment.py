@@ -493,7 +493,7 @@ async def orphans(objects: Objects, now: float) -> list[str]:
 
 def _node_addresses(pod: Any) -> list[IPAddress]:
     """The node's addresses, its primary first (an IPv6 one only on a dual-stack node)."""
-    listed: list[Any] = pod.status.host_i_ps or []
+    listed: list[Any] = pod.status.host_ips or []
     found = [ipaddress.ip_address(pod.status.host_ip)]
     found += [a for a in (ipaddress.ip_address(h.ip) for h in listed) if a not in found]
     return found
