@@ -1,7 +1,8 @@
 package main
 
 // `corral-exec --probe-dial CONTROL-PORT HOST PORT`: whether a TCP connection to
-// HOST:PORT opens from this network namespace, for the policy probe.
+// HOST:PORT opens from this network namespace, for the policy probe. HOST may carry an
+// IPv6 zone (`fe80::1%eth0`): a link-local address is reachable only through a link.
 //
 // busybox's nc connects blocking; where a CNI rejects with an ICMP error (kube-router),
 // the kernel drops that error while connect holds the socket and reports the refusal
@@ -18,6 +19,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -27,10 +29,10 @@ const dialTimeout = 2 * time.Second
 func probeDialMain(args []string) {
 	control, err1 := strconv.Atoi(args[0])
 	port, err2 := strconv.Atoi(args[2])
-	ip := net.ParseIP(args[1])
-	if err1 != nil || err2 != nil || ip == nil || control <= 0 || control > 65535 ||
+	ip, zone, err3 := zoned(args[1])
+	if err1 != nil || err2 != nil || err3 != nil || control <= 0 || control > 65535 ||
 		port <= 0 || port > 65535 {
-		fmt.Fprintln(os.Stderr, "usage: corral-exec --probe-dial CONTROL-PORT IP PORT")
+		fmt.Fprintln(os.Stderr, "usage: corral-exec --probe-dial CONTROL-PORT IP[%ZONE] PORT")
 		os.Exit(2)
 	}
 	listener, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(control)))
@@ -49,17 +51,34 @@ func probeDialMain(args []string) {
 		}
 	}()
 	seen := "refused"
-	if dial(ip, port) {
+	if dial(ip, zone, port) {
 		seen = "connected"
 	}
-	if !dial(net.ParseIP("127.0.0.1"), control) {
+	if !dial(net.ParseIP("127.0.0.1"), 0, control) {
 		seen = "control-failed"
 	}
 	fmt.Println(seen)
 }
 
+// zoned parses an address and its zone's interface index (0 without a zone).
+func zoned(host string) (net.IP, uint32, error) {
+	addr, name, found := strings.Cut(host, "%")
+	ip := net.ParseIP(addr)
+	if ip == nil || (found && ip.To4() != nil) {
+		return nil, 0, fmt.Errorf("not an address: %q", host)
+	}
+	if !found {
+		return ip, 0, nil
+	}
+	link, err := net.InterfaceByName(name)
+	if err != nil {
+		return nil, 0, err
+	}
+	return ip, uint32(link.Index), nil
+}
+
 // dial makes one non-blocking connect and says whether it completed.
-func dial(ip net.IP, port int) bool {
+func dial(ip net.IP, zone uint32, port int) bool {
 	family, level, option := syscall.AF_INET, syscall.IPPROTO_IP, syscall.IP_RECVERR
 	var sa syscall.Sockaddr
 	if v4 := ip.To4(); v4 != nil {
@@ -68,7 +87,7 @@ func dial(ip net.IP, port int) bool {
 		sa = addr
 	} else {
 		family, level, option = syscall.AF_INET6, syscall.IPPROTO_IPV6, syscall.IPV6_RECVERR
-		addr := &syscall.SockaddrInet6{Port: port}
+		addr := &syscall.SockaddrInet6{Port: port, ZoneId: zone}
 		copy(addr.Addr[:], ip.To16())
 		sa = addr
 	}

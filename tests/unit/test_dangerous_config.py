@@ -193,10 +193,15 @@ def test_the_pod_never_shares_the_node_and_mounts_no_token_by_default() -> None:
     cfg = KubernetesConfig(service_account="builder")
     spec = manifest("n", "img", ExecutionPlan(image="img"), cfg, {}, ())["spec"]
     assert spec["automountServiceAccountToken"] is False
-    host = {"hostNetwork", "hostPID", "hostIPC", "hostUsers", "securityContext"}
+    host = {"hostNetwork", "hostPID", "hostIPC", "hostUsers"}
     assert host.isdisjoint(spec)
-    # The one volume is corral's programs, an emptyDir: nothing of the node's.
-    assert spec["volumes"] == [{"name": "corral-programs", "emptyDir": {"sizeLimit": "64Mi"}}]
+    # The Pod-level context sets namespaced sysctls only (IPv6 off, SysV shm reclaimed).
+    assert set(spec["securityContext"]) == {"sysctls"}
+    # corral's programs and the sandbox's /dev/shm, emptyDirs: nothing of the node's.
+    assert spec["volumes"] == [
+        {"name": "corral-programs", "emptyDir": {"sizeLimit": "64Mi"}},
+        {"name": "corral-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+    ]
     assert set(spec["containers"][0]) == {
         "name",
         "image",

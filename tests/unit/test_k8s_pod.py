@@ -12,11 +12,12 @@ import pytest
 from kubernetes.client import ApiClient
 from pydantic import ValidationError
 
-from corral.core.plan import ExecutionPlan
+from corral.core.plan import ExecutionPlan, ServiceSpec
 from corral.errors import ConfigError, ProviderError
 from corral.providers.k8s.config import KubernetesConfig
 from corral.providers.k8s.pod import (
     INIT_CONTAINER,
+    KUBELET_FLAG,
     SERVICES,
     _settled,  # pyright: ignore[reportPrivateUsage]
     check_services,
@@ -49,11 +50,57 @@ def test_the_probe_container_shares_only_the_network() -> None:
     # Its one volume is corral's programs (read-only in the sandbox), nothing of the node.
     assert prober["volumeMounts"] == [{"name": "corral-programs", "mountPath": "/corral"}]
     assert sandbox["volumeMounts"] == [
-        {"name": "corral-programs", "mountPath": "/.corral", "readOnly": True}
+        {"name": "corral-programs", "mountPath": "/.corral", "readOnly": True},
+        {"name": "corral-shm", "mountPath": "/dev/shm"},
     ]
-    assert spec["volumes"] == [{"name": "corral-programs", "emptyDir": {"sizeLimit": "64Mi"}}]
+    assert spec["volumes"] == [
+        {"name": "corral-programs", "emptyDir": {"sizeLimit": "64Mi"}},
+        {"name": "corral-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+    ]
     (init,) = spec["initContainers"]
     assert init["image"] == "probe:1" and init["securityContext"] == security
+
+
+def test_ipv6_is_off_in_the_pod_and_sysv_shm_goes_with_its_creator() -> None:
+    """kube-router (and many CNIs) police IPv4 only: the Pod must not have IPv6 at all."""
+    sysctls = {s["name"]: s["value"] for s in _spec()["securityContext"]["sysctls"]}
+    assert sysctls == {
+        "net.ipv6.conf.all.disable_ipv6": "1",
+        "net.ipv6.conf.default.disable_ipv6": "1",
+        "kernel.shm_rmid_forced": "1",
+    }
+    kept = _spec(disable_ipv6=False)["securityContext"]["sysctls"]
+    assert kept == [{"name": "kernel.shm_rmid_forced", "value": "1"}]
+    assert KubernetesConfig(disable_ipv6=False).opt_ins() == {"disable_ipv6": "false"}
+
+
+def test_only_the_sandbox_has_its_own_dev_shm() -> None:
+    plan = ExecutionPlan(image="img:1", services={"db": ServiceSpec(image="db:1")})
+    spec = manifest("corral-x", "img:1", plan, KubernetesConfig(), {}, ())["spec"]
+    mounts = {c["name"]: c.get("volumeMounts", []) for c in spec["containers"]}
+    shm = {"name": "corral-shm", "mountPath": "/dev/shm"}
+    assert shm in mounts["sandbox"]
+    assert all(shm not in m for name, m in mounts.items() if name != "sandbox")
+
+
+def test_a_kubelet_refusing_the_ipv6_sysctls_is_one_line_naming_its_flag() -> None:
+    refused = SimpleNamespace(
+        spec=SimpleNamespace(init_containers=[], containers=[]),
+        status=SimpleNamespace(
+            conditions=[],
+            init_container_statuses=None,
+            container_statuses=None,
+            phase="Failed",
+            reason="SysctlForbidden",
+            message='Pod forbidden sysctl: "net.ipv6.conf.all.disable_ipv6" not allowlisted',
+        ),
+    )
+    cause = fatal(refused)
+    assert cause is not None and "\n" not in cause
+    assert KUBELET_FLAG in cause and "disable_ipv6=False" in cause
+    assert KUBELET_FLAG == (
+        "--allowed-unsafe-sysctls=net.ipv6.conf.all.disable_ipv6,net.ipv6.conf.default.disable_ipv6"
+    )
 
 
 def test_names_and_resolvers_come_from_the_config() -> None:

@@ -271,6 +271,8 @@ evictionHard:
 imageGCHighThresholdPercent: 98
 imageGCLowThresholdPercent: 95
 maxPods: 110
+# kube-router polices IPv4 only: corral turns IPv6 off in each sandbox Pod with these.
+allowedUnsafeSysctls: ["net.ipv6.conf.all.disable_ipv6", "net.ipv6.conf.default.disable_ipv6"]
 rotateCertificates: false
 serverTLSBootstrap: false
 EOF

@@ -105,6 +105,13 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
     verify_timeout_s: float = Field(
         default=20.0, gt=0, description="seconds the CNI gets to enforce a policy"
     )
+    disable_ipv6: bool = Field(
+        default=True,
+        description="turn IPv6 off in each sandbox Pod (sysctls the kubelet must allow: "
+        "--allowed-unsafe-sysctls=net.ipv6.conf.all.disable_ipv6,"
+        "net.ipv6.conf.default.disable_ipv6); False only where the CNI polices IPv6, "
+        "which the probe then checks",
+    )
     probe_port: int = Field(
         default=10250,
         ge=1,
@@ -213,6 +220,8 @@ class KubernetesConfig(RuntimeEnvironmentConfig):
         found = super().opt_ins()
         if self.verify_policy == "off":
             found["verify_policy"] = "off"
+        if not self.disable_ipv6:
+            found["disable_ipv6"] = "false"
         return found
 
     @field_validator("namespace")

@@ -24,8 +24,8 @@ from pydantic import ValidationError
 from corral.errors import NetworkPolicyNotEnforced, ProviderError
 from corral.network.dns import Answer, resolve_names
 from corral.network.netpol import render_network_policy
-from corral.network.policy import NetworkPolicy
-from corral.network.probe import forbidden_probe
+from corral.network.policy import NetworkMode, NetworkPolicy
+from corral.network.probe import allows, forbidden_probe
 from corral.network.resolve import Resolution, hostnames, resolve_policy
 from corral.network.targets import IPAddress
 from corral.providers.k8s import probe
@@ -129,21 +129,62 @@ async def verify(
 
     `answered`: destinations that connected under the policy before this one and that it
     forbids (`probe.narrowed`), each dialled until refused; then the first forbidden
-    candidate. `dialler`: corral's helper in the probe container (`probe.dial`), else
-    busybox."""
+    candidate; then, unless IPv6 is off in the Pod, the node over IPv6 (link-local through
+    the gateway, and its own IPv6 addresses) wherever the policy forbids it: a CNI that
+    polices IPv4 only must not pass. `dialler`: corral's helper in the probe container
+    (`probe.dial`), else busybox."""
     targets = list(answered or [])
     forbidden = forbidden_probe(policy, resolved, candidates)
     if forbidden is not None and forbidden not in targets:
         targets.append(forbidden)
     started = time.monotonic()
     deadline = started + timeout_s
+    await _until_refused(prober, policy, targets, deadline, dialler, timeout_s)
+    # After the IPv4 dials, which had the Pod learn its gateway's MAC.
+    over_ipv6 = await _ipv6_forbidden(prober, policy, resolved, candidates)
+    if over_ipv6 and dialler is None:
+        raise NetworkPolicyNotEnforced(
+            f"IPv6 is on in Pod {prober.pod} and busybox's dial cannot reach a link-local "
+            "address, so no policy can be shown to hold over IPv6; keep disable_ipv6=True"
+        )
+    await _until_refused(prober, policy, over_ipv6, deadline, dialler, timeout_s)
+    return time.monotonic() - started
+
+
+async def _ipv6_forbidden(
+    prober: Target,
+    policy: NetworkPolicy,
+    resolved: Resolution,
+    candidates: list[tuple[IPAddress, int]],
+) -> list[tuple[IPAddress, int]]:
+    """The node's IPv6 destinations `policy` forbids (`probe.ipv6_destinations`)."""
+    if policy.network_mode is NetworkMode.PUBLIC or not candidates:
+        return []
+    nodes = [host for host, _ in candidates]
+    found = await probe.ipv6_destinations(prober, nodes, candidates[0][1])
+    return [d for d in found if not allows(policy, resolved, *d)]
+
+
+async def _until_refused(
+    prober: Target,
+    policy: NetworkPolicy,
+    targets: list[tuple[IPAddress, int]],
+    deadline: float,
+    dialler: str | None,
+    timeout_s: float,
+) -> None:
     for host, port in targets:
         while await probe.dial(prober, str(host), port, dialler):
             if time.monotonic() > deadline:
                 raise NetworkPolicyNotEnforced(
                     f"{host}:{port}, which {policy} forbids, still answered {timeout_s:.0f} s "
                     "after the NetworkPolicy was applied; the cluster's CNI does not enforce "
-                    "NetworkPolicy (or fails open)"
+                    f"NetworkPolicy (or fails open){_over_ipv6(host)}"
                 )
             await anyio.sleep(0.25)
-    return time.monotonic() - started
+
+
+def _over_ipv6(host: IPAddress) -> str:
+    if host.version == 4:
+        return ""
+    return " over IPv6: keep disable_ipv6=True (the kubelet allowing its sysctls) to turn it off"

@@ -284,6 +284,8 @@ class KubernetesEnvironment(BaseEnvironment):
         body = manifest(name, image, plan, cfg, labels, dns)
         body["spec"]["activeDeadlineSeconds"] += math.ceil(idle_s)
         pod = await objects.create("pod", body, instance, session_id, made)
+        # Fails (the open with it, before the gate opens) if `gc` took the policy for an
+        # orphan meanwhile: the Pod never runs the workload unpoliced.
         await objects.own(name, pod.metadata.uid, created_policy.metadata.name)
         pod = await wait_running(clients, cfg.namespace, name)
         return self._session(clients, pod, initial)
@@ -364,7 +366,7 @@ class KubernetesEnvironment(BaseEnvironment):
             labels=labels,
             dns=dns_servers(pod),
             host_aliases=cfg.host_aliases,
-            probe_candidates=[(ipaddress.ip_address(pod.status.host_ip), cfg.probe_port)],
+            probe_candidates=[(node, cfg.probe_port) for node in _node_addresses(pod)],
             verify=cfg.verify_policy == "probe",
             verify_timeout_s=cfg.verify_timeout_s,
             workdir=sandbox.working_dir or "/",
@@ -443,7 +445,8 @@ class KubernetesEnvironment(BaseEnvironment):
 
     async def gc(self) -> list[str]:
         """Remove pooled Pods left unclaimed past their idle age (a dead harness's pool),
-        then expired Pods and NetworkPolicies, then expired snapshots."""
+        then expired Pods and NetworkPolicies, then NetworkPolicies an open never gave
+        their Pod (`orphans`), then expired snapshots."""
         objects = await self.objects()
         owner = self.config.owner
         now = time.time()
@@ -456,8 +459,44 @@ class KubernetesEnvironment(BaseEnvironment):
                     instance = annotations_of(item).get(INSTANCE)
                     await objects.delete(kind, item.metadata.name, labels[SESSION], instance)
                     removed.append(f"{kind.replace('_', '')} {item.metadata.name}")
+        removed += await orphans(objects, now)
         removed += await anyio.to_thread.run_sync(self.snapshots.collect)
         return removed
+
+
+#: seconds a NetworkPolicy may go without its Pod before gc takes it for an orphan: an
+#: open creates the Pod one API call after it
+ORPHAN_GRACE_S = 60.0
+
+
+async def orphans(objects: Objects, now: float) -> list[str]:
+    """NetworkPolicies whose open died between creating them and making its Pod their
+    owner (`Objects.own`): each is given to its Pod (the open's own, by its token), so it
+    goes with it; removed when no Pod of its session exists ORPHAN_GRACE_S after it (one
+    that does, whoever made it, is never left unpoliced)."""
+    removed: list[str] = []
+    for policy in await objects.listed("network_policy", f"{OWNER}={objects.owner}"):
+        meta: Any = policy.metadata
+        labels = labels_of(policy)
+        if meta.owner_references or is_expired(labels, objects.owner, now):
+            continue
+        session_id, instance = labels[SESSION], annotations_of(policy).get(INSTANCE)
+        pod = await objects.read("pod", meta.name, session_id)
+        if pod is not None and annotations_of(pod).get(INSTANCE) == instance:
+            with contextlib.suppress(ProviderError):  # gone meanwhile: the next gc sees to it
+                await objects.own(meta.name, pod.metadata.uid, meta.name)
+        elif pod is None and now - meta.creation_timestamp.timestamp() >= ORPHAN_GRACE_S:
+            await objects.delete("network_policy", meta.name, session_id, instance)
+            removed.append(f"networkpolicy {meta.name}")
+    return removed
+
+
+def _node_addresses(pod: Any) -> list[IPAddress]:
+    """The node's addresses, its primary first (an IPv6 one only on a dual-stack node)."""
+    listed: list[Any] = pod.status.host_ips or []
+    found = [ipaddress.ip_address(pod.status.host_ip)]
+    found += [a for a in (ipaddress.ip_address(h.ip) for h in listed) if a not in found]
+    return found
 
 
 async def _cluster_dns(clients: Api) -> tuple[str, ...]:

@@ -126,13 +126,18 @@ class Objects:
     async def own(self, pod: str, uid: str, policy: str) -> None:
         """Make the Pod the NetworkPolicy's owner, for the garbage collector."""
         owner = {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}
-        await idempotent(
-            self.clients.tokens,
-            self.clients.networking.patch_namespaced_network_policy,
-            policy,
-            self.namespace,
-            {"metadata": {"ownerReferences": [owner]}},
-        )
+        try:
+            await idempotent(
+                self.clients.tokens,
+                self.clients.networking.patch_namespaced_network_policy,
+                policy,
+                self.namespace,
+                {"metadata": {"ownerReferences": [owner]}},
+            )
+        except ApiException as exc:
+            raise ProviderError(
+                f"making Pod {pod} own NetworkPolicy {policy}: {explain(exc)}"
+            ) from None
 
     async def listed(self, kind: Kind, selector: str) -> list[Any]:
         """The objects of `kind` whose labels match `selector`."""

@@ -63,6 +63,35 @@ _GATE = (
 )
 
 
+#: The sandbox container's own /dev/shm: a Pod's containers otherwise share one tmpfs there,
+#: which lets the workload read and rewrite a service's segments (PostgreSQL's, say).
+SHM_VOLUME = "corral-shm"
+#: IPv6 off in the Pod's network namespace before any of its containers starts. Every Pod
+#: has an IPv6 link-local address, and many CNIs police IPv4 only (kube-router as the test
+#: cluster runs it): the node's listeners on `::` (the kubelet, the API server) answer
+#: fe80::<the gateway's MAC> whatever the NetworkPolicy says. The kubelet counts these
+#: sysctls unsafe, so it must allow them (KUBELET_FLAG); it rejects a Pod that asks for
+#: them otherwise, and `fatal` says so.
+IPV6_OFF = ("net.ipv6.conf.all.disable_ipv6", "net.ipv6.conf.default.disable_ipv6")
+KUBELET_FLAG = f"--allowed-unsafe-sysctls={','.join(IPV6_OFF)}"
+#: A SysV shared memory segment goes when its creator exits and nothing is attached (at the
+#: last detach otherwise): the Pod's containers share one IPC namespace, and without this
+#: a segment the workload made outlives end_workload(). A sysctl every kubelet allows.
+_SHM_RMID_FORCED = "kernel.shm_rmid_forced"
+
+
+def _volumes() -> list[dict[str, Any]]:
+    return [
+        {"name": PROGRAMS_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}},
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+    ]
+
+
+def _sysctls(cfg: KubernetesConfig) -> list[dict[str, str]]:
+    names = (_SHM_RMID_FORCED, *(IPV6_OFF if cfg.disable_ipv6 else ()))
+    return [{"name": name, "value": "1"} for name in names]
+
+
 def corral_sh(script: str, *args: str) -> list[str]:
     """`script` run by corral's busybox shell in the sandbox container (its applets)."""
     return [BUSYBOX, "sh", "-c", script, "sh", *args]
@@ -137,7 +166,10 @@ def manifest(
         "env": [{"name": k, "value": v} for k, v in plain_env(plan.env).items()],
         "securityContext": security,
         "resources": _resources(plan.resources, cfg),
-        "volumeMounts": [{"name": PROGRAMS_VOLUME, "mountPath": PROGRAMS, "readOnly": True}],
+        "volumeMounts": [
+            {"name": PROGRAMS_VOLUME, "mountPath": PROGRAMS, "readOnly": True},
+            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+        ],
     }
     if plan.workdir:
         container["workingDir"] = plan.workdir
@@ -145,7 +177,8 @@ def manifest(
     spec: dict[str, Any] = {
         "initContainers": [_programs_init(cfg)],
         "containers": [container, probe.container(cfg, PROGRAMS_VOLUME, PROGRAMS_RW), *beside],
-        "volumes": [{"name": PROGRAMS_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}}],
+        "volumes": _volumes(),
+        "securityContext": {"sysctls": _sysctls(cfg)},
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 1,
         "enableServiceLinks": False,
@@ -288,6 +321,11 @@ def fatal(pod: Any) -> str | None:
                 f"{of}container {container.name} exited with code {terminated.exit_code} "
                 f"({terminated.reason}); {needs}"
             )
+    if status.phase == "Failed" and status.reason == "SysctlForbidden":
+        return (
+            f"the kubelet refuses the sysctls that turn IPv6 off in the Pod ({status.message}); "
+            f"start it with {KUBELET_FLAG}, or set disable_ipv6=False where the CNI polices IPv6"
+        )
     if status.phase in ("Failed", "Succeeded"):
         return f"Pod ended in phase {status.phase}: {status.reason or ''} {status.message or ''}"
     return None

@@ -14,13 +14,15 @@ container a container start each time, and each one stays in the Pod's spec for 
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import secrets
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
 
-from corral.errors import ProviderError
+from corral.errors import NetworkPolicyNotEnforced, ProviderError
 from corral.network.targets import IPAddress
 from corral.providers.k8s.config import KubernetesConfig
 from corral.providers.k8s.execution import Target, run_own
@@ -148,3 +150,81 @@ def verdict(output: str, pod: str) -> bool:
         return False
     why = "its positive control could not connect" if seen == "control-failed" else repr(seen)
     raise ProviderError(f"could not probe the policy from Pod {pod}: {why}")
+
+
+#: The kernel's word on the Pod's network namespace, read in the probe container (the
+#: sandbox can change neither without CAP_NET_ADMIN): which links hold an IPv6 address,
+#: and the link-layer addresses of the neighbours each has reached.
+IPV6_STATE = "busybox cat /proc/net/if_inet6; echo --; busybox cat /proc/net/arp"
+#: lines of IPV6_STATE read, at most (a Pod has a handful of links and neighbours)
+_STATE_LINES = 256
+_ARP_COMPLETE = 0x2
+_HEX = re.compile(r"0x[0-9a-fA-F]{1,8}")
+_LINK_LOCAL_PREFIX = b"\xfe\x80" + bytes(6)
+
+
+async def ipv6_destinations(
+    target: Target, nodes: Sequence[IPAddress], port: int
+) -> list[tuple[IPAddress, int]]:
+    """Where the node answers over IPv6 from the Pod, on `port`: none when IPv6 is off."""
+    return ipv6_plan(await run(target, ["sh", "-c", IPV6_STATE]), nodes, port, target.pod)
+
+
+def ipv6_plan(
+    state: str, nodes: Sequence[IPAddress], port: int, pod: str
+) -> list[tuple[IPAddress, int]]:
+    """What the probe dials over IPv6, from IPV6_STATE's output: nothing when no link but
+    loopback holds an IPv6 address; else the link-local address each neighbour the Pod
+    reached over IPv4 derives from its MAC (as an agent would, EUI-64) and the node's own
+    IPv6 addresses, all on `port`. IPv6 on with nothing to dial cannot be shown policed:
+    NetworkPolicyNotEnforced."""
+    lines = state.splitlines()[:_STATE_LINES]
+    if "--" not in lines:
+        raise ProviderError(f"the probe's read of Pod {pod}'s IPv6 state is cut: {state[-200:]!r}")
+    split = lines.index("--")
+    links = _ipv6_links(lines[:split])
+    if not links:
+        return []
+    found: list[tuple[IPAddress, int]] = []
+    for link, mac in _neighbours(lines[split + 2 :]):
+        if link in links and (destination := (_link_local(mac, link), port)) not in found:
+            found.append(destination)
+    found += [(node, port) for node in nodes if node.version == 6]
+    if not found:
+        raise NetworkPolicyNotEnforced(
+            f"IPv6 is on in Pod {pod} (links {', '.join(sorted(links))}) and the probe found "
+            "no address of the node to dial over it, so no policy can be shown to hold over "
+            "IPv6; keep disable_ipv6=True"
+        )
+    return found
+
+
+def _ipv6_links(if_inet6: list[str]) -> set[str]:
+    """The links but loopback that hold an IPv6 address: /proc/net/if_inet6's lines are
+    the address (32 hex digits), four hex fields, and the link."""
+    links: set[str] = set()
+    for line in if_inet6:
+        fields = line.split()
+        if len(fields) == 6 and len(fields[0]) == 32 and fields[5] != "lo":
+            links.add(fields[5])
+    return links
+
+
+def _neighbours(arp: list[str]) -> list[tuple[str, str]]:
+    """(link, MAC) of each resolved entry of /proc/net/arp's lines after its header: IP
+    address, HW type, flags, HW address, mask, device."""
+    found: list[tuple[str, str]] = []
+    for line in arp:
+        fields = line.split()
+        flags = int(fields[2], 16) if len(fields) == 6 and _HEX.fullmatch(fields[2]) else 0
+        if flags & _ARP_COMPLETE and len(fields[3]) == 17:
+            found.append((fields[5], fields[3]))
+    return found
+
+
+def _link_local(mac: str, link: str) -> IPAddress:
+    """The EUI-64 link-local address of `mac` (aa:bb:cc:dd:ee:ff), on `link`."""
+    octets = bytes.fromhex(mac.replace(":", ""))
+    eui = bytes([octets[0] ^ 0x02]) + octets[1:3] + b"\xff\xfe" + octets[3:]
+    address = ipaddress.IPv6Address(_LINK_LOCAL_PREFIX + eui)
+    return ipaddress.ip_address(f"{address}%{link}")
