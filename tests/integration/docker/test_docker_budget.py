@@ -213,7 +213,7 @@ async def test_one_flooding_sandbox_costs_its_neighbours_nothing(
     )
     print("\n" + report)
     assert len(ended) == 6, report
-    # 1.5x, and 20 ms for a 2-core machine's scheduling noise on a p99 of 200 samples.
-    assert _p99(loud) <= 1.5 * _p99(quiet) + 0.02, report
+    # 1.5x, and 50 ms for a 2-core machine's scheduling noise on a p99 of 200 samples.
+    assert _p99(loud) <= 1.5 * _p99(quiet) + 0.05, report
     assert peak.rss_growth <= RSS_BUDGET, report
     assert peak.fd_growth <= FD_BUDGET, report
