@@ -11,18 +11,24 @@ too (returncode -1 and the error), as in mini-swe-agent's environments.
 
 Built from its config (`environment_class: corral.adapters.minisweagent.CorralEnvironment`
 and `CorralEnvironmentConfig`'s keys), it opens its own sandbox, driven from a thread of
-its own; `cleanup()` closes it. Built on a session of the caller's
-(`CorralEnvironment(session=..., ...)`, say inside a `TaskRun`), it leaves the session to
-its owner and is called from a worker thread of that session's loop
+its own; `cleanup()` closes it. mini-swe-agent itself never calls `cleanup()`: an
+environment dropped without it closes its sandbox in the background, and one still open
+when the process exits is closed by an exit hook, which waits at most `EXIT_WAIT` seconds
+for them all (the loop's thread is a daemon: nothing else holds the process). Built on a
+session of the caller's (`CorralEnvironment(session=..., ...)`, say inside a `TaskRun`),
+it leaves the session to its owner and is called from a worker thread of that session's loop
 (`await anyio.to_thread.run_sync(agent.run, task)`).
 """
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
 import contextlib
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, cast
 
 from minisweagent.exceptions import Submitted
@@ -43,6 +49,50 @@ SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 #: the fields of Python's `platform.uname()`, as the sandbox's `uname` says them
 _UNAME = ("system", "node", "release", "version", "machine")
 _UNAME_SCRIPT = "uname -s; uname -n; uname -r; uname -v; uname -m"
+#: seconds the process's exit waits, in all, for the sandboxes its environments left open
+EXIT_WAIT = 30.0
+_log = logging.getLogger("corral.adapters.minisweagent")
+
+
+class _Owned:
+    """A sandbox an environment opened, and the loop it opened it on; in `_OPEN` until
+    it is closed."""
+
+    def __init__(self, loop: OwnLoop, session: EnvironmentSession) -> None:
+        self.loop = loop
+        self.session = session
+        _OPEN.add(self)
+
+    def end(self) -> Future[None]:
+        """Close the sandbox and end the loop, without waiting; idempotent."""
+        return self.loop.last(self._close)
+
+    async def _close(self) -> None:
+        try:
+            await close_alone(self.session)
+        finally:
+            _OPEN.discard(self)
+
+
+#: sandboxes opened by environments and not closed yet: what the exit hook closes
+_OPEN: set[_Owned] = set()
+
+
+@atexit.register
+def _close_left_open() -> None:
+    left = {owned.end(): owned.session.id for owned in list(_OPEN)}
+    done, pending = concurrent.futures.wait(left, timeout=EXIT_WAIT)
+    for future in done:
+        if (error := future.exception()) is not None:
+            _log.warning("corral sandbox %s did not close at exit: %s", left[future], error)
+    if pending:
+        ids = ", ".join(sorted(left[future] for future in pending))
+        _log.warning(
+            "corral sandboxes %s did not close within %s s of exit; "
+            "`corral gc --env ID -p owner=OWNER` removes them once they expire",
+            ids,
+            EXIT_WAIT,
+        )
 
 
 class CorralEnvironment:
@@ -57,18 +107,20 @@ class CorralEnvironment:
         """An environment in a corral sandbox; kwargs as `CorralEnvironmentConfig`."""
         self.logger = logger or logging.getLogger("corral.adapters.minisweagent")
         self.config = config_class(**kwargs)
-        self._owned = session is None
-        self._bridge: Bridge = OwnLoop() if session is None else CallerLoop()
         self._uname: dict[str, str] | None = None
+        self._owned: _Owned | None = None
         if session is None:
+            loop = OwnLoop()
+            self._bridge: Bridge = loop
             try:
-                session = self._bridge.call(
-                    lambda: self.config.environment().open(self.config.plan)
-                )
+                session = loop.call(lambda: self.config.environment().open(self.config.plan))
             except BaseException:
-                self._bridge.close()
+                loop.last(_nothing)
                 raise
+            self._owned = _Owned(loop, session)
             self.logger.info("opened corral sandbox %s", session.id)
+        else:
+            self._bridge = CallerLoop()
         self.session: EnvironmentSession | None = session
 
     def execute(
@@ -127,16 +179,17 @@ class CorralEnvironment:
 
     def cleanup(self) -> None:
         """Close the sandbox this environment opened (not a caller's); idempotent."""
-        session, self.session = self.session, None
-        try:
-            if session is not None and self._owned:
-                self._bridge.call(lambda: close_alone(session))
-        finally:
-            self._bridge.close()
+        self.session = None
+        if self._owned is not None:
+            self._owned.end().result()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.cleanup()
+        # Never waits: the garbage collector may run this on the loop's own thread, or
+        # at the interpreter's exit, where the exit hook has closed what was left.
+        owned = getattr(self, "_owned", None)
+        if owned is not None:
+            with contextlib.suppress(Exception):
+                owned.end()
 
     def _session(self) -> EnvironmentSession:
         if self.session is None:
@@ -162,6 +215,10 @@ class CorralEnvironment:
             lines = said.stdout.splitlines()
             self._uname = dict(zip(_UNAME, lines, strict=False)) if said.ok else {}
         return self._uname
+
+
+async def _nothing() -> None:
+    return None
 
 
 def _failed(kind: str, message: str, output: str) -> dict[str, Any]:
