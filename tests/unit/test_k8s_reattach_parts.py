@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from corral.errors import ConfigError, ProviderError
@@ -15,6 +16,7 @@ from corral.network.policy import NetworkPolicy
 from corral.network.resolve import Resolution
 from corral.providers.k8s import enforcement
 from corral.providers.k8s.config import KubernetesConfig
+from corral.providers.k8s.objects import Objects
 from corral.providers.k8s.pod import OPENED, opened
 from corral.providers.k8s.session import saved_paths
 
@@ -85,3 +87,17 @@ def test_the_default_snapshot_path_is_the_workdir_but_never_the_root() -> None:
     assert saved_paths(("/a", "/b"), "/") == ("/a", "/b")
     with pytest.raises(ConfigError, match="snapshot_paths"):
         saved_paths(None, "/")
+
+
+@pytest.mark.anyio
+async def test_a_refused_list_is_one_line_naming_the_namespace() -> None:
+    def list_namespaced_pod(namespace: str, **kwargs: Any) -> Any:
+        raise ApiException(status=403, reason="Forbidden")
+
+    clients: Any = SimpleNamespace(
+        tokens=1, core=SimpleNamespace(list_namespaced_pod=list_namespaced_pod)
+    )
+    objects = Objects(clients, "corral", "inspect")
+    with pytest.raises(ProviderError) as raised:
+        await objects.listed("pod", "corral.owner=inspect")
+    assert str(raised.value) == "listing pods in namespace 'corral' was refused: 403 Forbidden"

@@ -46,7 +46,7 @@ from corral.core.bindings import BoundSet
 from corral.core.environment import ENVIRONMENTS, BaseEnvironment
 from corral.core.logs import event
 from corral.core.session import EnvironmentSession
-from corral.errors import ExecUserUnsupported, ProviderError
+from corral.errors import CorralError, ExecUserUnsupported, ProviderError
 from corral.network.policy import NetworkSchedule, Phase
 from corral.workspace.options import binding_from
 
@@ -191,12 +191,21 @@ class CorralSandboxEnvironment(SandboxEnvironment):
 
     @classmethod
     async def cli_cleanup(cls, id: str | None) -> None:
-        """`inspect sandbox cleanup corral [OWNER]`: expired resources of that owner."""
+        """`inspect sandbox cleanup corral [OWNER]`: expired resources of that owner, on
+        every installed provider; one that is not configured or does not answer (no
+        kubeconfig, no `corral` namespace, no engine) is skipped with a line saying why."""
         for env_id in ENVIRONMENTS.ids():
             status = ENVIRONMENTS.status(env_id)
-            if status.provider is None or not status.provider.engine_answers():
+            if status.provider is None:
                 continue
-            removed = await ENVIRONMENTS.create(env_id, owner=id or DEFAULT_OWNER).gc()
+            if not status.provider.engine_answers():
+                print(f"{env_id}: skipped, its engine does not answer")
+                continue
+            try:
+                removed = await ENVIRONMENTS.create(env_id, owner=id or DEFAULT_OWNER).gc()
+            except CorralError as exc:
+                print(f"{env_id}: skipped, {exc}")
+                continue
             for item in removed:
                 print(f"{env_id}: removed {item}")
 

@@ -141,10 +141,18 @@ class Objects:
 
     async def listed(self, kind: Kind, selector: str) -> list[Any]:
         """The objects of `kind` whose labels match `selector`."""
-        found: Any = await idempotent(
-            self.clients.tokens,
-            getattr(self._api(kind), f"list_namespaced_{kind}"),
-            self.namespace,
-            label_selector=selector,
-        )
+        try:
+            found: Any = await idempotent(
+                self.clients.tokens,
+                getattr(self._api(kind), f"list_namespaced_{kind}"),
+                self.namespace,
+                label_selector=selector,
+            )
+        except ApiException as exc:
+            # A refusal (no such namespace, no right to list in it) in one line that names
+            # the namespace: `corral gc` and Inspect's cleanup say it and go on.
+            raise ProviderError(
+                f"listing {kind.replace('_', ' ')}s in namespace {self.namespace!r} was "
+                f"refused: {status_of(exc)} {explain(exc)}"
+            ) from None
         return list(found.items)
