@@ -119,7 +119,15 @@ def test_config_is_strict_and_owned_by_harbor() -> None:
     with pytest.raises(ValidationError):
         HarborEnvironmentConfig.model_validate({"provder": "docker"})
     with pytest.raises(ValidationError):
-        config.provider = "local"  # frozen
+        config.provider = "k8s"  # frozen
+
+
+def test_a_provider_on_the_hosts_filesystem_is_refused_at_configuration() -> None:
+    # Harbor's fixed paths (/logs/agent, /tests, ...) would be the host's own.
+    with pytest.raises(ValidationError, match="use docker or k8s") as refused:
+        HarborEnvironmentConfig.model_validate({"provider": "local"})
+    assert "provider 'local' runs commands on the host's filesystem" in str(refused.value)
+    assert HarborEnvironmentConfig.model_validate({"provider": "k8s"}).provider == "k8s"
 
 
 def test_a_routed_variable_is_its_routes_url_and_a_withheld_one_holds_no_key() -> None:

@@ -10,8 +10,11 @@ from corral.adapters.credential_env import RoutedEnv
 from corral.core.credentials import CredentialRoute
 
 #: The corral.owner label of everything a Harbor run opens, unless provider_config sets one;
-#: `corral gc --env ID --owner harbor` collects what a killed run left once it expires.
+#: `corral gc --env ID -p owner=harbor` collects what a killed run left once it expires.
 DEFAULT_OWNER = "harbor"
+#: Providers whose commands see the host's filesystem: Harbor's fixed absolute paths
+#: (/logs, /tests, /solution) would be the host's, written as whoever runs Harbor.
+HOST_FILESYSTEM = frozenset({"local"})
 
 
 class HarborEnvironmentConfig(RoutedEnv):
@@ -50,6 +53,16 @@ class HarborEnvironmentConfig(RoutedEnv):
     @model_validator(mode="after")
     def _routes_named(self) -> HarborEnvironmentConfig:
         self.check_routes(self.credentials)
+        return self
+
+    @model_validator(mode="after")
+    def _own_filesystem(self) -> HarborEnvironmentConfig:
+        if self.provider in HOST_FILESYSTEM:
+            raise ValueError(
+                f"provider {self.provider!r} runs commands on the host's filesystem, where "
+                "Harbor's fixed absolute paths (/logs, /tests, /solution) would be the "
+                "host's; Harbor needs a sandbox with a filesystem of its own: use docker or k8s"
+            )
         return self
 
     def provider_params(self) -> dict[str, Any]:
