@@ -11,14 +11,15 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from corral.errors import ConfigError, ProviderError
+from corral.errors import ConfigError, ExecUserUnsupported, ProviderError
 from corral.network.policy import NetworkPolicy
 from corral.network.resolve import Resolution
 from corral.providers.k8s import enforcement
 from corral.providers.k8s.config import KubernetesConfig
+from corral.providers.k8s.environment import run_as_of
 from corral.providers.k8s.objects import Objects
 from corral.providers.k8s.pod import OPENED, opened
-from corral.providers.k8s.session import saved_paths
+from corral.providers.k8s.session import own_user, saved_paths
 
 
 def _object(annotations: dict[str, str] | None) -> Any:
@@ -101,3 +102,30 @@ async def test_a_refused_list_is_one_line_naming_the_namespace() -> None:
     with pytest.raises(ProviderError) as raised:
         await objects.listed("pod", "corral.owner=inspect")
     assert str(raised.value) == "listing pods in namespace 'corral' was refused: 403 Forbidden"
+
+
+def _uids(container_uid: int | None, pod_uid: int | None) -> tuple[Any, Any]:
+    container = SimpleNamespace(security_context=SimpleNamespace(run_as_user=container_uid))
+    pod = SimpleNamespace(
+        spec=SimpleNamespace(security_context=SimpleNamespace(run_as_user=pod_uid))
+    )
+    return pod, container
+
+
+def test_a_user_the_pod_runs_as_is_taken_and_any_other_refused_with_advice_that_works() -> None:
+    # What Harbor asks of its agent and verifier on a Pod configured with run_as_user: 0.
+    pod, container = _uids(0, None)
+    uid = run_as_of(pod, container)
+    assert uid == 0
+    own_user("root", uid)
+    own_user("0", uid)
+    own_user(None, uid)
+    own_user("1000", 1000)
+    assert run_as_of(*_uids(None, 1000)) == 1000
+    assert run_as_of(*_uids(2000, 1000)) == 2000
+    with pytest.raises(ExecUserUnsupported, match="this Pod runs as uid 0; set run_as_user"):
+        own_user("agent", uid)
+    with pytest.raises(ExecUserUnsupported, match="runs as uid 1000"):
+        own_user("root", 1000)
+    with pytest.raises(ExecUserUnsupported, match=r"image's user \(run_as_user unset\)"):
+        own_user("root", run_as_of(*_uids(None, None)))

@@ -381,6 +381,7 @@ class KubernetesEnvironment(BaseEnvironment):
             exec_channel=cfg.exec_channel,
             helper_copied=helper_copied,
             image=sandbox.image,
+            run_as=run_as_of(pod, sandbox),
         )
         return session
 
@@ -497,6 +498,16 @@ def _node_addresses(pod: Any) -> list[IPAddress]:
     found = [ipaddress.ip_address(pod.status.host_ip)]
     found += [a for a in (ipaddress.ip_address(h.ip) for h in listed) if a not in found]
     return found
+
+
+def run_as_of(pod: Any, container: Any) -> int | None:
+    """The uid the Pod spec says its sandbox container runs as (the container's own
+    securityContext first, then the Pod's), as the API server keeps it."""
+    for context in (container.security_context, pod.spec.security_context):
+        uid: int | None = getattr(context, "run_as_user", None)
+        if uid is not None:
+            return uid
+    return None
 
 
 async def _cluster_dns(clients: Api) -> tuple[str, ...]:

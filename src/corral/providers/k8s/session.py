@@ -157,9 +157,12 @@ class KubernetesSession(EnvironmentSession):
         exec_channel: bool = True,
         helper_copied: bool = False,
         image: str = "",
+        run_as: int | None = None,
     ) -> None:
         super().__init__(id=id, policy=policy, image=image, services=tuple(service_places))
         self.target = target
+        #: the uid the Pod's containers run as, from its spec (None: the image's user)
+        self.run_as = run_as
         #: how the sandbox container's execs run: one helper reached over one websocket
         #: (`channel.py`), or one websocket exec each; services always the latter
         self.executor: Executor = (
@@ -243,21 +246,13 @@ class KubernetesSession(EnvironmentSession):
             ) from None
 
     def _place_process(self, request: StartRequest) -> dict[str, Any]:
-        if request.user is not None:
-            raise ExecUserUnsupported(
-                f"the Kubernetes exec API cannot switch user (asked for {request.user!r}); "
-                "set run_as_user in the provider config instead"
-            )
+        own_user(request.user, self.run_as)
         cwd = self._absolute(request.cwd) if request.cwd is not None else self.workdir
         env = [f"{k}={v}" for k, v in request.env.items()]
         return {"argv": list(request.args), "cwd": cwd, "env": env, "user": "", "as_self": True}
 
     async def _exec(self, request: ExecRequest) -> ExecResult:
-        if request.user is not None:
-            raise ExecUserUnsupported(
-                f"the Kubernetes exec API cannot switch user (asked for {request.user!r}); "
-                "set run_as_user in the provider config instead"
-            )
+        own_user(request.user, self.run_as)
         place = self._place(request.service)
         cwd = self._absolute(request.cwd, place.workdir) if request.cwd is not None else None
         try:
@@ -518,6 +513,22 @@ class KubernetesSession(EnvironmentSession):
 
         paths = saved_paths(self.snapshot_paths, self.workdir)
         return await self.snapshots.write(self.id, paths, fill)
+
+
+def own_user(asked: str | None, uid: int | None) -> None:
+    """Refuse a user other than the one the Pod runs as, which the Kubernetes exec API
+    runs every command as: the uid itself, or "root" for 0. The image's user (no uid in
+    the spec) is known only to the image, so no name is taken for it."""
+    if asked is None:
+        return
+    if uid is not None and asked in {str(uid), *(("root",) if uid == 0 else ())}:
+        return
+    runs_as = "its image's user (run_as_user unset)" if uid is None else f"uid {uid}"
+    raise ExecUserUnsupported(
+        f"the Kubernetes exec API cannot switch user (asked for {asked!r}) and this Pod "
+        f"runs as {runs_as}; set run_as_user in the provider config to the uid asked "
+        "for (0 for 'root'), or ask for no user"
+    )
 
 
 def _directories(local_dir: str | Path) -> tuple[str, ...]:
