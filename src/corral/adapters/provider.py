@@ -23,7 +23,7 @@ class ProviderChoice(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     #: the corral.owner label of what the adapter opens, unless the config sets one
-    #: (`corral gc --owner ...` collects what a killed run left once it expires)
+    #: (`corral gc --env ID -p owner=OWNER` collects what a killed run left once it expires)
     default_owner: ClassVar[str] = "corral"
 
     provider: str = Field(default="docker", description="corral provider id (`corral list env`)")

@@ -14,7 +14,7 @@ from corral.adapters.provider import ProviderChoice
 from corral.core.plan import ExecutionPlan
 
 #: The corral.owner label of every sandbox a mini-swe-agent environment opens, unless the
-#: config sets one (`corral gc --env ID --owner minisweagent` collects what a run left).
+#: config sets one (`corral gc --env ID -p owner=minisweagent` collects what a run left).
 DEFAULT_OWNER = "minisweagent"
 
 

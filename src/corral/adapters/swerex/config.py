@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from corral.adapters.swerex.deployment import CorralDeployment
 
 #: The corral.owner label of every sandbox a SWE-ReX deployment opens, unless the config
-#: sets one (`corral gc --env ID --owner swerex` collects what a killed run left).
+#: sets one (`corral gc --env ID -p owner=swerex` collects what a killed run left).
 DEFAULT_OWNER = "swerex"
 
 
