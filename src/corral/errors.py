@@ -17,6 +17,11 @@ class ImageRequired(ConfigError):
     """A provider that runs images was given a plan that names none."""
 
 
+class ExecUserRefused(ConfigError):
+    """`exec(user=...)` named a user the sandbox does not have, or one it does not run
+    commands as (`local` runs every command as its one user)."""
+
+
 class ProviderError(CorralError):
     """The provider or its transport failed (engine down, API error, lost stream)."""
 

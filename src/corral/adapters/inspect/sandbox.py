@@ -46,7 +46,7 @@ from corral.core.bindings import BoundSet
 from corral.core.environment import ENVIRONMENTS, BaseEnvironment
 from corral.core.logs import event
 from corral.core.session import EnvironmentSession
-from corral.errors import CorralError, ExecUserUnsupported, ProviderError
+from corral.errors import CorralError, ExecUserRefused, ExecUserUnsupported, ProviderError
 from corral.network.policy import NetworkSchedule, Phase
 from corral.workspace.options import binding_from
 
@@ -231,7 +231,8 @@ class CorralSandboxEnvironment(SandboxEnvironment):
                 stdin=input,
                 service=self.service,
             )
-        except ExecUserUnsupported as exc:
+        except (ExecUserUnsupported, ExecUserRefused) as exc:
+            # What Inspect's own sandboxes raise for a user they cannot run as.
             raise SandboxUserUnsupportedError(str(exc)) from exc
         except ProviderError as exc:
             raise SandboxUnavailableError(str(exc)) from exc

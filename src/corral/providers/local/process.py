@@ -27,7 +27,7 @@ from corral.core.session import (
     OutputCallback,
     Stream,
 )
-from corral.errors import ConfigError, ProviderError
+from corral.errors import ExecUserRefused, ProviderError
 from corral.providers.local.cgroup import SessionCgroup
 
 READ_SIZE = 64 * 1024
@@ -107,7 +107,7 @@ async def _spawn(
     except FileNotFoundError:
         raise
     except KeyError:  # subprocess looks `user` up in this host's passwd
-        raise ConfigError(f"exec user {user!r} does not exist on this host") from None
+        raise ExecUserRefused(f"exec user {user!r} does not exist on this host") from None
     except (OSError, ValueError) as exc:
         raise ProviderError(f"could not start {args[0]!r}: {exc}") from exc
 
