@@ -6,12 +6,12 @@ written for its Docker environment reads the same here."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Self
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from corral.adapters.provider import ProviderChoice
-from corral.core.plan import ExecutionPlan
+from corral.core.plan import ExecutionPlan, ImageName
 
 #: The corral.owner label of every sandbox a mini-swe-agent environment opens, unless the
 #: config sets one (`corral gc --env ID -p owner=minisweagent` collects what a run left).
@@ -28,6 +28,11 @@ class CorralEnvironmentConfig(ProviderChoice):
     plan: ExecutionPlan = Field(
         default_factory=ExecutionPlan,
         description="image, workdir, env, resources and network schedule of the sandbox",
+    )
+    image: ImageName | None = Field(
+        default=None,
+        description="the sandbox's image, as mini-swe-agent's Docker environment takes it "
+        "(a SWE-bench instance's own); sets the plan's image",
     )
     cwd: str = Field(
         default="", description="working directory of each command (empty: the plan's workdir)"
@@ -46,3 +51,9 @@ class CorralEnvironmentConfig(ProviderChoice):
         min_length=1,
         description="what runs each command, the command appended as its last argument",
     )
+
+    @model_validator(mode="after")
+    def _image_in_plan(self) -> Self:
+        if self.image is not None:
+            self.plan = self.plan.model_copy(update={"image": self.image})
+        return self
