@@ -218,11 +218,19 @@ async def test_kubernetes_refuses_a_user_and_makes_cwd_absolute() -> None:
     seen: list[ExecRequest] = []
 
     sandbox = _bare(
-        k8s.KubernetesSession, executor=Recorder(seen), target="pod", workdir="/w", output_limit=77
+        k8s.KubernetesSession,
+        executor=Recorder(seen),
+        target="pod",
+        workdir="/w",
+        output_limit=77,
+        run_as=None,
     )
     with pytest.raises(ExecUserUnsupported, match="'root'"):
         await sandbox.exec(["id"], user="root")
     await sandbox.exec(["ls"], cwd="d", env={"A": "1"}, stdin="x")
+    sandbox.run_as = 0  # a Pod whose spec runs it as root takes Harbor's user="root"
+    await sandbox.exec(["id"], user="root")
     assert seen == [
         ExecRequest(("ls",), cwd="/w/d", env={"A": "1"}, stdin=b"x", output_limit=77),
+        ExecRequest(("id",), output_limit=77),  # as the Pod runs: no user to look up
     ]

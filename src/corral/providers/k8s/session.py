@@ -255,10 +255,13 @@ class KubernetesSession(EnvironmentSession):
         own_user(request.user, self.run_as)
         place = self._place(request.service)
         cwd = self._absolute(request.cwd, place.workdir) if request.cwd is not None else None
+        # The user taken is the Pod's own: the command runs as the container does, with no
+        # name looked up in the sandbox's passwd.
+        request = replace(request, cwd=cwd, user=None)
         try:
             if request.service is None:
-                return await self.executor.run(replace(request, cwd=cwd))
-            return await run_exec(place.target, replace(request, cwd=cwd))
+                return await self.executor.run(request)
+            return await run_exec(place.target, request)
         except ProviderError as exc:
             if request.service is None or type(exc) is not ProviderError:
                 raise
