@@ -114,6 +114,15 @@ async def test_a_user_is_refused_as_before(namespace: str) -> None:
             await session.exec(["true"], user="nobody")
 
 
+async def test_root_is_taken_on_a_pod_that_runs_as_root(namespace: str) -> None:
+    # Harbor's setup and verifier ask for user="root"; run_as_user: 0 is the advice given.
+    async with make_env(namespace, run_as_user=0).session(PLAN) as session:
+        said = await session.exec(["id", "-u"], user="root")
+        assert (said.returncode, said.stdout) == (0, "0\n")
+        with pytest.raises(ExecUserUnsupported, match="this Pod runs as uid 0"):
+            await session.exec(["true"], user="nobody")
+
+
 # PWD and OLDPWD: the plain path's `cd` wrapper sets them, and a shell sets PWD itself.
 PROBE = (
     'grep -E "^(Uid|Gid|Groups|CapEff|CapBnd|NoNewPrivs)" /proc/self/status; '
