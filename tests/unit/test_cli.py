@@ -160,6 +160,7 @@ def test_mkdocs_output_is_ignored() -> None:
     assert "/site/" in ignored
 
 
+@pytest.mark.usefixtures("root_logging")
 def test_every_corral_gc_the_adapters_and_docs_cite_parses() -> None:
     # Four adapter modules once cited `corral gc --owner`, which gc does not take.
     root = Path(__file__).parents[2]
