@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -52,20 +53,26 @@ def run_harness(config: dict[str, Any]) -> str:
     return done.stdout.strip().splitlines()[-1]  # mini-swe-agent prints a banner first
 
 
-def test_a_harness_that_never_cleans_up_exits_and_leaves_nothing_on_local(
-    tmp_path: Path,
-) -> None:
-    root, sessions = tmp_path / "root", tmp_path / "sessions"
-    root.mkdir()
-    sessions.mkdir()
-    provider_config = {"root_dir": str(root), "session_dir": str(sessions)}
-    said = run_harness({"provider": "local", "provider_config": provider_config})
-    assert said.startswith("ran ")
-    assert list(root.iterdir()) == [], "the session's workspace stays"
-    assert list(sessions.iterdir()) == [], "the session's record stays"
+def test_a_harness_that_never_cleans_up_exits_and_leaves_nothing_on_local() -> None:
+    # Not under pytest's tmp_path: the sandbox's user must be able to search root_dir's path.
+    with tempfile.TemporaryDirectory(prefix="corral-mini-") as scratch:
+        Path(scratch).chmod(0o711)
+        root, sessions = Path(scratch) / "root", Path(scratch) / "sessions"
+        root.mkdir()
+        sessions.mkdir()
+        said = _run_on_local(root, sessions)
+        assert list(root.iterdir()) == [], "the session's workspace stays"
+        assert list(sessions.iterdir()) == [], "the session's record stays"
     session_id = said.split()[1]
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
     assert "sleep 613" not in ps.stdout, f"session {session_id} left its loop running"
+
+
+def _run_on_local(root: Path, sessions: Path) -> str:
+    provider_config = {"root_dir": str(root), "session_dir": str(sessions)}
+    said = run_harness({"provider": "local", "provider_config": provider_config})
+    assert said.startswith("ran ")
+    return said
 
 
 @pytest.mark.docker
