@@ -106,16 +106,16 @@ def test_field_names_stay_whole_in_a_narrow_terminal() -> None:
     assert "snapshot_lifetime_s" in result.output
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def root_logging() -> Iterator[None]:
-    """The CLI configures the root logger; the tests after this one get theirs back."""
+    """Every command configures the root logger (level, handlers); the tests after each
+    one here get theirs back (a root left at ERROR hides warnings from `caplog`)."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     yield
     root.handlers[:], root.level = handlers, level
 
 
-@pytest.mark.usefixtures("root_logging")
 def test_an_error_at_verbosity_0_is_the_one_error_line() -> None:
     result = runner.invoke(app, ["run", "--env", "docker", "--", "true"])
     assert result.exit_code == 2, result.output
@@ -126,7 +126,6 @@ def test_an_error_at_verbosity_0_is_the_one_error_line() -> None:
     assert re.search(r"\d\d:\d\d:\d\d,\d+ corral.environment open failed", result.output)
 
 
-@pytest.mark.usefixtures("root_logging")
 def test_docker_without_an_image_says_image() -> None:
     result = runner.invoke(app, ["run", "--env", "docker", "--", "true"])
     assert result.exit_code == 2
@@ -160,7 +159,6 @@ def test_mkdocs_output_is_ignored() -> None:
     assert "/site/" in ignored
 
 
-@pytest.mark.usefixtures("root_logging")
 def test_every_corral_gc_the_adapters_and_docs_cite_parses() -> None:
     # Four adapter modules once cited `corral gc --owner`, which gc does not take.
     root = Path(__file__).parents[2]
