@@ -15,7 +15,7 @@ from anyio.lowlevel import EventLoopToken, current_token
 
 from corral.core.processes import KILLED, Gap, ProcessExited, PtySize, StartRequest
 from corral.errors import ConfigError, ProcessNotFound, ProviderError, RemotePathNotFound
-from corral.helper.link import frame
+from corral.helper.link import Pace, frame
 from corral.helper.procs import GAPS_IN_A_ROW, WINDOW, ProcessClient, ProcessLink
 from tests.unit.fake_helper import FakeHelper
 
@@ -221,3 +221,10 @@ async def test_a_second_reply_to_one_call_ends_the_link() -> None:
     assert link is not None
     assert link.dead == "the helper broke the protocol: a second reply on id 1"
     assert manager.closed.is_set()
+
+
+def test_a_link_reads_past_its_burst_only_at_its_rate() -> None:
+    pace = Pace(rate=100, burst=50)
+    assert pace.spend(50) == 0.0  # the burst
+    waited = pace.spend(100)  # a second's worth past it
+    assert 0.9 < waited <= 1.0

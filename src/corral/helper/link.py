@@ -19,6 +19,7 @@ import json
 import math
 import struct
 import threading
+import time
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import anyio
@@ -33,6 +34,11 @@ from corral.errors import ProviderError
 #: the largest frame either side sends is a 32 KiB chunk; anything far larger is garbage
 MAX_FRAME = 1 << 20
 HELLO_TIMEOUT_S = 10.0
+#: bytes a second one link's reader takes from the sandbox past its burst: a sandbox that
+#: floods its output costs the harness (and the engine's copies of the stream) no more
+#: than that, whatever its own pace; what it writes beyond waits in its pipes
+READ_RATE = 32 * 1024 * 1024
+READ_BURST = 16 * 1024 * 1024
 #: bytes of the far side's own diagnostics (its stderr, the stream's status) kept
 DIAGNOSTICS = 2048
 _HEADER = struct.Struct(">IBI")
@@ -76,6 +82,23 @@ class Transport(Protocol):
 
 def frame(kind: str, rid: int, payload: bytes = b"") -> bytes:
     return _HEADER.pack(5 + len(payload), ord(kind), rid) + payload
+
+
+class Pace:
+    """A token bucket the reader thread spends each read from: past the burst, it sleeps
+    (off the event loop) until the rate allows the bytes it took."""
+
+    def __init__(self, rate: float = READ_RATE, burst: float = READ_BURST) -> None:
+        self.rate, self.burst = rate, burst
+        self._tokens = burst
+        self._at = time.monotonic()
+
+    def spend(self, size: int) -> float:
+        """Takes `size` bytes; the seconds to wait before the next read."""
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate) - size
+        self._at = now
+        return max(0.0, -self._tokens / self.rate)
 
 
 class FrameParser:
@@ -143,6 +166,7 @@ class FrameLink:
         #: the highest id a mailbox was opened for: a frame for a higher one is a lie
         self._asked = 0
         self._parser = FrameParser()
+        self._pace = Pace()
         self._thread: threading.Thread | None = None
         self.sandbox_id = sandbox_id
 
@@ -167,6 +191,7 @@ class FrameLink:
                 frames = merged(self._parser.feed(data), self.streamed)
                 if frames:
                     anyio.from_thread.run_sync(self._deliver, frames, token=self.token)
+                time.sleep(self._pace.spend(len(data)))
         except ProtocolError as exc:
             reason = f"the helper spoke nonsense ({exc})"
         except (OSError, ValueError) as exc:
