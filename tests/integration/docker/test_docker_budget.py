@@ -186,6 +186,7 @@ async def test_one_flooding_sandbox_costs_its_neighbours_nothing(
     )
     ended: list[str] = []
     loud: list[float] = []
+    quiet_after: list[float] = []
     async with env.session(hostile_plan) as hostile:
         neighbours = [await env.open(_PLAN) for _ in range(NEIGHBOURS)]
         try:
@@ -203,17 +204,22 @@ async def test_one_flooding_sandbox_costs_its_neighbours_nothing(
                     await anyio.sleep(3)  # the floods are under way
                     loud += await _latencies(neighbours)
                 sampling.cancel_scope.cancel()
+            # Without the flood again: the baseline is the worse of before and after, so
+            # that what drifts on a shared machine meanwhile is no one's flood.
+            quiet_after += await _latencies(neighbours)
         finally:
             with anyio.CancelScope(shield=True):
                 for session in neighbours:
                     await env.close(session)
+    baseline = max(_p99(quiet), _p99(quiet_after))
     report = (
-        f"p99 quiet {_p99(quiet) * 1000:.0f} ms, flooded {_p99(loud) * 1000:.0f} ms; "
+        f"p99 quiet {_p99(quiet) * 1000:.0f} ms then {_p99(quiet_after) * 1000:.0f} ms, "
+        f"flooded {_p99(loud) * 1000:.0f} ms; "
         f"harness RSS +{peak.rss_growth >> 20} MiB, fds +{peak.fd_growth}; {ended}"
     )
     print("\n" + report)
     assert len(ended) == 6, report
     # 1.5x, and 50 ms for a 2-core machine's scheduling noise on a p99 of 200 samples.
-    assert _p99(loud) <= 1.5 * _p99(quiet) + 0.05, report
+    assert _p99(loud) <= 1.5 * baseline + 0.05, report
     assert peak.rss_growth <= RSS_BUDGET, report
     assert peak.fd_growth <= FD_BUDGET, report
