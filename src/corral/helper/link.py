@@ -37,7 +37,7 @@ HELLO_TIMEOUT_S = 10.0
 #: bytes a second one link's reader takes from the sandbox past its burst: a sandbox that
 #: floods its output costs the harness (and the engine's copies of the stream) no more
 #: than that, whatever its own pace; what it writes beyond waits in its pipes
-READ_RATE = 32 * 1024 * 1024
+READ_RATE = 8 * 1024 * 1024
 READ_BURST = 16 * 1024 * 1024
 #: bytes of the far side's own diagnostics (its stderr, the stream's status) kept
 DIAGNOSTICS = 2048

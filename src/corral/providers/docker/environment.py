@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import anyio
 import docker
 from docker.errors import APIError, DockerException, NotFound
+from docker.types import LogConfig
 
 from corral.core.blocking import limiter
 from corral.core.credentials import credential_env_of
@@ -570,6 +571,10 @@ class DockerEnvironment(BaseEnvironment):
                 *cfg.unsafe_mounts,
             ],
             runtime=cfg.runtime,
+            # Root in the sandbox can open its PID 1's stdout (/proc/1/fd/1): with a log
+            # driver, whatever it writes there the engine would encode and keep on the host's
+            # disk, without end. corral never reads a sandbox's log.
+            log_config=LogConfig(type=LogConfig.types.NONE),
             mounts=own_tmp(cfg.runtime, labels, [*cfg.mounts, *cfg.unsafe_mounts]),
             **resource_limits(plan.resources, cfg),
         )
