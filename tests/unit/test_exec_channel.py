@@ -348,3 +348,22 @@ def test_the_port_forward_layout_drops_each_channels_port_and_keeps_its_errors()
     assert transport.diagnostics() == "connection refused"
     transport.close()
     server.close()
+
+
+async def test_the_reader_paces_only_output_that_no_caller_keeps() -> None:
+    # A call keeps the head and tail of each stream: that much is read at full speed (a
+    # 1 MiB print costs no wait); what a flood sends past it, and every frame's header
+    # (empty frames are no free ride), is paced.
+    channel = Channel(FakeHelper(_runner), current_token(), "unit", 4, "sid")
+    o, x = ord("o"), ord("X")
+    channel.keep(1, 100)
+    unkept = channel._unkept  # pyright: ignore[reportPrivateUsage]
+    header = 9
+    assert unkept([(o, 1, b"a" * 60)]) == header
+    assert unkept([(o, 1, b"a" * 60)]) == header + 20  # 40 were left
+    assert unkept([(o, 1, b"")] * 3) == 3 * header
+    assert unkept([(o, 2, b"a" * 10)]) == header + 10  # an id no caller keeps
+    channel.keep(3, 100)
+    assert unkept([(x, 3, b"a" * 10)]) == header + 10  # not output
+    channel.close_box(3, channel.open_box(3))
+    assert unkept([(o, 3, b"a" * 10)]) == header + 10  # the call is over

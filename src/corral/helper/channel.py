@@ -150,6 +150,7 @@ class Channel(FrameLink):
             message.append(frame("C", rid))
         capture = Capture(request.output_limit, request.on_output)
         receive = self.open_box(rid)
+        self.keep(rid, 2 * request.output_limit)  # head and tail of stdout and stderr
         finished = False
         try:
             # The timeout counts from the call: a stdin the stream takes slowly is in it.

@@ -34,9 +34,10 @@ from corral.errors import ProviderError
 #: the largest frame either side sends is a 32 KiB chunk; anything far larger is garbage
 MAX_FRAME = 1 << 20
 HELLO_TIMEOUT_S = 10.0
-#: bytes a second one link's reader takes from the sandbox past its burst: a sandbox that
-#: floods its output costs the harness (and the engine's copies of the stream) no more
-#: than that, whatever its own pace; what it writes beyond waits in its pipes
+#: bytes a second one link's reader takes from the sandbox past its burst, of what no
+#: caller keeps (`FrameLink.keep`): a sandbox that floods its output costs the harness (and
+#: the engine's copies of the stream) no more than that, whatever its own pace; what it
+#: writes beyond waits in its pipes
 READ_RATE = 8 * 1024 * 1024
 READ_BURST = 16 * 1024 * 1024
 #: bytes of the far side's own diagnostics (its stderr, the stream's status) kept
@@ -167,6 +168,9 @@ class FrameLink:
         self._asked = 0
         self._parser = FrameParser()
         self._pace = Pace()
+        #: bytes of each id's output its caller keeps, which the reader takes unpaced
+        self._kept: dict[int, int] = {}
+        self._kept_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.sandbox_id = sandbox_id
 
@@ -188,10 +192,12 @@ class FrameLink:
                 data = self.transport.recv()
                 if not data:
                     break
-                frames = merged(self._parser.feed(data), self.streamed)
+                parsed = self._parser.feed(data)
+                paced = self._unkept(parsed)
+                frames = merged(parsed, self.streamed)
                 if frames:
                     anyio.from_thread.run_sync(self._deliver, frames, token=self.token)
-                time.sleep(self._pace.spend(len(data)))
+                time.sleep(self._pace.spend(paced))
         except ProtocolError as exc:
             reason = f"the helper spoke nonsense ({exc})"
         except (OSError, ValueError) as exc:
@@ -263,7 +269,28 @@ class FrameLink:
             send.send_nowait((0, self.dead.encode()))
         return receive
 
+    def keep(self, rid: int, size: int) -> None:
+        """`rid`'s caller keeps `size` bytes of its output: the reader takes that much at
+        full speed, and paces only what goes beyond (what a truncation only counts)."""
+        with self._kept_lock:
+            self._kept[rid] = size
+
+    def _unkept(self, frames: list[tuple[int, int, bytes]]) -> int:
+        """The bytes of `frames` to pace: every header, and every payload byte past what
+        its id's caller keeps (spent from it here)."""
+        paced = 0
+        with self._kept_lock:
+            for kind, rid, payload in frames:
+                left = self._kept.get(rid, 0) if kind in self.streamed else 0
+                taken = min(left, len(payload))
+                if taken:
+                    self._kept[rid] = left - taken
+                paced += _HEADER.size + len(payload) - taken
+        return paced
+
     def close_box(self, rid: int, receive: MemoryObjectReceiveStream[Message]) -> None:
+        with self._kept_lock:
+            self._kept.pop(rid, None)
         box = self._boxes.pop(rid, None)
         if box is not None:
             box.close()
