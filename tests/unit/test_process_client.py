@@ -13,6 +13,7 @@ import anyio.to_thread
 import pytest
 from anyio.lowlevel import EventLoopToken, current_token
 
+from corral.core.blocking import limiter
 from corral.core.processes import KILLED, Gap, ProcessExited, PtySize, StartRequest
 from corral.errors import ConfigError, ProcessNotFound, ProviderError, RemotePathNotFound
 from corral.helper.link import Pace, frame
@@ -90,6 +91,27 @@ async def test_a_start_cancelled_before_its_answer_kills_what_started() -> None:
         manager.out.put(frame("Y", held[0], b'{"proc": 3, "pid": 9}'))
     kills = [_json(p) for k, _, p in manager.sent if k == ord("K")]
     assert kills == [{"proc": 3}], "the process the cancelled start made was killed"
+    await client.aclose()
+
+
+async def test_a_start_cancelled_before_its_request_went_out_returns_at_once() -> None:
+    # Nothing was sent, so no answer will come: waiting START_REPLY_S (10 s) for one was
+    # what the local cancellation campaign found ("ran on 10.0 s after the cancellation").
+    manager = FakeHelper(_starts, HELLO)
+    client = _client(manager)
+    await client.start(StartRequest(("true",)))  # connected
+    writers = limiter("unit", 4)  # the link's writes wait for one of these
+    taken = [object() for _ in range(4)]
+    for holder in taken:
+        await writers.acquire_on_behalf_of(holder)
+    try:
+        with anyio.fail_after(3), anyio.move_on_after(0.1) as scope:
+            await client.start(StartRequest(("sleep", "300")))
+        assert scope.cancelled_caught
+    finally:
+        for holder in taken:
+            writers.release_on_behalf_of(holder)
+    assert [k for k, _, _ in manager.sent].count(ord("S")) == 1, "the second was never sent"
     await client.aclose()
 
 

@@ -293,11 +293,18 @@ class ProcessClient:
         spec["env"] = [*spec["env"], f"{MARKER}={marker}"]
         rid = next(link.ids)
         box = link.open_box(rid)
+        sent = False
         try:
             await link.write(frame("S", rid, json.dumps(spec).encode()))
+            sent = True
             answer, data = await box.receive()
         except BaseException:
-            # Cancelled (or the stream failed) once the request may be out: whatever it
+            if not sent:
+                # A write raises before its thread sends a byte (a cancellation lands only
+                # there), or after breaking the link, whose manager ends what it holds:
+                # either way no answer will come.
+                raise
+            # Cancelled (or the stream failed) once the request is out: whatever it
             # started is killed before this returns.
             with anyio.CancelScope(shield=True), anyio.move_on_after(START_REPLY_S):
                 answer, data = await box.receive()
