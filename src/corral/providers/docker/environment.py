@@ -133,6 +133,12 @@ UNIQUE_TRIES = 50
 _creating: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
 
 
+#: the sandbox's log driver: root in the sandbox can open its PID 1's stdout (/proc/1/fd/1),
+#: and with a driver whatever it writes there the engine would encode and keep on the
+#: host's disk, without end; corral never reads a sandbox's log
+NO_LOG = LogConfig(type=LogConfig.types.NONE)
+
+
 def sleep_until(expires_at: str) -> list[str]:
     """The holder's main process (its image is corral's): it ends at `expires_at` (epoch
     seconds), counted again at every start. The sandbox's is `programs.main_process`."""
@@ -557,6 +563,7 @@ class DockerEnvironment(BaseEnvironment):
         cfg = self.config
         sandbox = sandbox_name(sid)
         owned.push_async_callback(remove_container, engine, sandbox, sid)
+        mounts = [*cfg.mounts, *cfg.unsafe_mounts]
         host_config = engine.api.create_host_config(
             network_mode=f"container:{namespace}",
             cap_drop=["ALL"],
@@ -565,17 +572,10 @@ class DockerEnvironment(BaseEnvironment):
             init=True,
             auto_remove=False,  # restarted by end_workload (the module's docstring says why)
             pids_limit=cfg.pids_limit,
-            binds=[
-                programs.bind(programs_volume(sid), writable=False),
-                *cfg.mounts,
-                *cfg.unsafe_mounts,
-            ],
+            binds=[programs.bind(programs_volume(sid), writable=False), *mounts],
             runtime=cfg.runtime,
-            # Root in the sandbox can open its PID 1's stdout (/proc/1/fd/1): with a log
-            # driver, whatever it writes there the engine would encode and keep on the host's
-            # disk, without end. corral never reads a sandbox's log.
-            log_config=LogConfig(type=LogConfig.types.NONE),
-            mounts=own_tmp(cfg.runtime, labels, [*cfg.mounts, *cfg.unsafe_mounts]),
+            log_config=NO_LOG,
+            mounts=own_tmp(cfg.runtime, labels, mounts),
             **resource_limits(plan.resources, cfg),
         )
         try:
