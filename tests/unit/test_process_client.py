@@ -115,6 +115,27 @@ async def test_a_start_cancelled_before_its_request_went_out_returns_at_once() -
     await client.aclose()
 
 
+async def test_leaving_an_attach_whose_process_just_exited_keeps_the_link() -> None:
+    # The manager answers every detach with `Y`, even for an attach its exit already
+    # ended; a reader that leaves before taking the `X` sends one. That `Y` is no lie.
+    def exits(kind: int, rid: int, payload: bytes) -> list[bytes]:
+        if kind == ord("A"):
+            return [frame("X", rid, b'{"code": 0}')]
+        if kind == ord("D"):
+            return [frame("Y", rid)]
+        return _starts(kind, rid, payload)
+
+    manager = FakeHelper(exits, HELLO)
+    client = _client(manager)
+    for _ in range(20):
+        async with client.attach("e1-7", 0):
+            await anyio.sleep(0.01)  # the `X` is in the box, not taken
+    link = client._link  # pyright: ignore[reportPrivateUsage]
+    assert link is not None and link.dead is None, link and link.dead
+    assert [k for k, _, _ in manager.sent].count(ord("D")) == 20
+    await client.aclose()
+
+
 async def test_a_reader_gives_the_window_back_as_it_takes_output() -> None:
     chunk = b"x" * 32768
     count = WINDOW // len(chunk) + 2

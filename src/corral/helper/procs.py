@@ -338,10 +338,13 @@ class ProcessClient:
             await link.write(frame("A", rid, json.dumps(request).encode()))
             yield subscription
         finally:
+            # Closed first: the manager answers a detach with `Y` even when the process's
+            # exit already ended the attach (its `X` unread in the box), and that answer is
+            # then a late frame for a call given up, not a second end.
+            link.close_box(rid, box)
             if not subscription.done and link.dead is None:
                 with anyio.CancelScope(shield=True), contextlib.suppress(ProviderError):
                     await link.write(frame("D", rid))
-            link.close_box(rid, box)
 
     async def write(self, id: str, data: bytes) -> None:
         located = await self._located(id)
